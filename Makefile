@@ -1,0 +1,49 @@
+# Everything a fresh machine needs is installed by these targets.
+PYTHON ?= python3.11
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: all install protos kube-binaries lint typecheck test test-unit test-grpc test-cluster demo clean
+
+all: install
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+install: $(STAMP) protos
+
+protos: $(STAMP)
+	$(BIN)/python -m dradriver.kubeletapi.generate
+
+kube-binaries: install
+	$(BIN)/dradriver cluster build
+
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+typecheck: install
+	$(BIN)/mypy
+
+# The README's test command: lint, types, and all three tiers.
+test: lint typecheck kube-binaries
+	$(BIN)/pytest tests
+
+test-unit: install
+	$(BIN)/pytest tests/unit
+
+test-grpc: install
+	$(BIN)/pytest tests/grpc
+
+test-cluster: kube-binaries
+	$(BIN)/pytest tests/cluster
+
+demo: kube-binaries
+	$(BIN)/dradriver demo
+
+clean:
+	rm -rf $(VENV) dradriver/kubeletapi/gen

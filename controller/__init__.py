@@ -1,0 +1,1 @@
+"""dradriver's control-plane component (allocation, network-attached pools)."""

@@ -1,0 +1,195 @@
+"""Layout and configuration files of the local cluster (paths, ports, kubeconfigs, kubelet)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+NODE_NAME = "node-1"
+SERVICE_CIDR = "10.96.0.0/24"
+SERVICE_IP = "10.96.0.1"
+
+
+def default_state_dir() -> Path:
+    env = os.environ.get("DRADRIVER_CLUSTER_DIR")
+    if env:
+        return Path(env)
+    base = os.environ.get("XDG_STATE_HOME") or os.path.expanduser("~/.local/state")
+    return Path(base) / "dradriver" / "cluster"
+
+
+def parse_feature_gates(text: str) -> dict[str, bool]:
+    """Parse ``A=true,B=false`` (the Kubernetes flag syntax) into a dict."""
+    gates: dict[str, bool] = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        name, sep, value = item.partition("=")
+        if not sep or value.lower() not in ("true", "false") or not name:
+            raise ValueError(f"feature gate {item!r} must look like Name=true or Name=false")
+        gates[name] = value.lower() == "true"
+    return gates
+
+
+def format_feature_gates(gates: dict[str, bool]) -> str:
+    return ",".join(f"{k}={'true' if v else 'false'}" for k, v in sorted(gates.items()))
+
+
+@dataclass(frozen=True)
+class Ports:
+    etcd_client: int = 2379
+    etcd_peer: int = 2380
+    apiserver: int = 6443
+    controller_manager: int = 10257
+    scheduler: int = 10259
+    kubelet: int = 10250
+    kubelet_healthz: int = 10248
+
+    def by_owner(self) -> dict[str, int]:
+        return {
+            "etcd (client)": self.etcd_client,
+            "etcd (peer)": self.etcd_peer,
+            "kube-apiserver": self.apiserver,
+            "kube-controller-manager": self.controller_manager,
+            "kube-scheduler": self.scheduler,
+            "kubelet": self.kubelet,
+            "kubelet (healthz)": self.kubelet_healthz,
+        }
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Every path the cluster uses; all state lives under ``state_dir``, never in a repo."""
+
+    state_dir: Path
+    kubelet_root: Path = Path("/var/lib/kubelet")
+    node_name: str = NODE_NAME
+    ports: Ports = field(default_factory=Ports)
+
+    @property
+    def state_file(self) -> Path:
+        return self.state_dir / "state.json"
+
+    @property
+    def pki(self) -> Path:
+        return self.state_dir / "pki"
+
+    @property
+    def logs(self) -> Path:
+        return self.state_dir / "logs"
+
+    @property
+    def admin_kubeconfig(self) -> Path:
+        return self.state_dir / "admin.kubeconfig"
+
+    def kubeconfig(self, user: str) -> Path:
+        return self.state_dir / "kubeconfigs" / f"{user}.kubeconfig"
+
+    def workdir(self, component: str) -> Path:
+        return self.state_dir / "work" / component
+
+    @property
+    def etcd_data(self) -> Path:
+        return self.state_dir / "etcd-data"
+
+    @property
+    def cri_socket(self) -> Path:
+        return self.state_dir / "run" / f"fakecri-{self.node_name}.sock"
+
+    @property
+    def kubelet_config(self) -> Path:
+        return self.state_dir / f"kubelet-{self.node_name}.yaml"
+
+    @property
+    def apiserver_url(self) -> str:
+        return f"https://127.0.0.1:{self.ports.apiserver}"
+
+    @property
+    def marker(self) -> Path:
+        # Marks a kubelet root dir as ours, so teardown may delete it.
+        return self.kubelet_root / ".dradriver-local-cluster"
+
+
+def write_kubeconfig(path: Path, server: str, ca: Path, cert: Path, key: Path, user: str) -> None:
+    doc: dict[str, Any] = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [
+            {
+                "name": "dradriver-local",
+                "cluster": {"server": server, "certificate-authority": str(ca)},
+            }
+        ],
+        "users": [
+            {
+                "name": user,
+                "user": {"client-certificate": str(cert), "client-key": str(key)},
+            }
+        ],
+        "contexts": [
+            {"name": "dradriver-local", "context": {"cluster": "dradriver-local", "user": user}}
+        ],
+        "current-context": "dradriver-local",
+    }
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        yaml.safe_dump(doc, f)
+
+
+def kubelet_config(
+    layout: Layout,
+    ca: Path,
+    serving_cert: Path,
+    serving_key: Path,
+    gates: dict[str, bool],
+) -> dict[str, Any]:
+    """A KubeletConfiguration that runs on this kind of machine (cgroup v1, fake CRI)."""
+    return {
+        "apiVersion": "kubelet.config.k8s.io/v1beta1",
+        "kind": "KubeletConfiguration",
+        "address": "127.0.0.1",
+        "port": layout.ports.kubelet,
+        "readOnlyPort": 0,
+        "healthzBindAddress": "127.0.0.1",
+        "healthzPort": layout.ports.kubelet_healthz,
+        "tlsCertFile": str(serving_cert),
+        "tlsPrivateKeyFile": str(serving_key),
+        "authentication": {
+            "anonymous": {"enabled": False},
+            "webhook": {"enabled": True},
+            "x509": {"clientCAFile": str(ca)},
+        },
+        "authorization": {"mode": "Webhook"},
+        "containerRuntimeEndpoint": f"unix://{layout.cri_socket}",
+        "cgroupDriver": "cgroupfs",
+        "cgroupsPerQOS": False,
+        "enforceNodeAllocatable": [],
+        "failSwapOn": False,
+        # 1.36 refuses cgroup v1 hosts unless told otherwise.
+        "failCgroupV1": False,
+        "localStorageCapacityIsolation": False,
+        "rotateCertificates": False,
+        "serverTLSBootstrap": False,
+        "evictionHard": {
+            "memory.available": "1Mi",
+            "nodefs.available": "0%",
+            "nodefs.inodesFree": "0%",
+            "imagefs.available": "0%",
+        },
+        "imageGCHighThresholdPercent": 100,
+        "imageGCLowThresholdPercent": 99,
+        "volumePluginDir": str(layout.kubelet_root / "volume-plugins"),
+        "podLogsDir": str(layout.state_dir / "pod-logs" / layout.node_name),
+        "resolvConf": "",
+        "syncFrequency": "10s",
+        "fileCheckFrequency": "10s",
+        "featureGates": gates,
+    }
+
+
+def write_yaml(path: Path, doc: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))

@@ -1,0 +1,13 @@
+// Command etcd is the upstream etcd server main, linked from
+// go.etcd.io/etcd/server/v3 at the version k8s.io/kubernetes requires.
+package main
+
+import (
+	"os"
+
+	"go.etcd.io/etcd/server/v3/etcdmain"
+)
+
+func main() {
+	etcdmain.Main(os.Args)
+}

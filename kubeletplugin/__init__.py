@@ -1,0 +1,1 @@
+"""dradriver's node component (DRA kubelet plugin and device-plugin shim)."""

@@ -1,0 +1,113 @@
+"""The local cluster runs real Kubernetes 1.36 and its DRA path is live."""
+
+from __future__ import annotations
+
+import pytest
+
+from dradriver.cluster import example
+from dradriver.cluster.api import AdminAPI, path_for, wait_until
+from dradriver.cluster.config import NODE_NAME
+from dradriver.cluster.local import AlreadyRunning, LocalCluster
+
+R = example.RESOURCE_V1
+# Allows one kubelet retry after Node-authorizer lag (see local-cluster.md).
+DEADLINE = 60
+
+
+def test_components_are_real_and_running(local_cluster: LocalCluster) -> None:
+    state = local_cluster.running()
+    assert state is not None
+    names = [c.name for c in state.components]
+    assert names == [
+        "etcd",
+        "kube-apiserver",
+        "kube-controller-manager",
+        "kube-scheduler",
+        "fakecri",
+        "kubelet",
+    ]
+    assert all(c.alive() for c in state.components)
+
+
+def test_server_is_kubernetes_1_36(api: AdminAPI) -> None:
+    version = api.get("/version")
+    assert version["major"] == "1"
+    assert version["gitVersion"].startswith("v1.36.")
+
+
+def test_node_is_ready(api: AdminAPI) -> None:
+    node = api.get(path_for("v1", "nodes", name=NODE_NAME))
+    ready = [c for c in node["status"]["conditions"] if c["type"] == "Ready"]
+    assert ready and ready[0]["status"] == "True"
+
+
+def test_resource_v1_is_served(api: AdminAPI) -> None:
+    resources = {r["name"] for r in api.get("/apis/resource.k8s.io/v1")["resources"]}
+    assert {
+        "deviceclasses",
+        "resourceclaims",
+        "resourceclaims/status",
+        "resourceclaimtemplates",
+        "resourceslices",
+    } <= resources
+
+
+def test_second_up_is_refused(local_cluster: LocalCluster) -> None:
+    with pytest.raises(AlreadyRunning, match="already running"):
+        LocalCluster(local_cluster.layout).up()
+
+
+def test_scheduler_allocates_and_kubelet_waits_for_driver(
+    api: AdminAPI, namespace: str, unique_name: str
+) -> None:
+    driver = f"{unique_name}.dradriver.dev"
+    cls = example.device_class(f"{unique_name}-class", driver)
+    slc = example.node_slice(NODE_NAME, devices=2, driver=driver)
+    api.create(path_for(R, "deviceclasses"), cls)
+    api.create(path_for(R, "resourceslices"), slc)
+    try:
+        api.create(
+            path_for(R, "resourceclaimtemplates", namespace),
+            example.claim_template("one", namespace, cls["metadata"]["name"]),
+        )
+        api.create(
+            path_for("v1", "pods", namespace), example.pod_with_template("p", namespace, "one")
+        )
+
+        def allocated_claim() -> dict[str, object] | None:
+            pod = api.get(path_for("v1", "pods", namespace, "p"))
+            name = example.pod_claim_name(pod)
+            claim = name and api.get_or_none(path_for(R, "resourceclaims", namespace, name))
+            return claim if claim and example.allocated_devices(claim) else None
+
+        claim = wait_until("claim allocation", allocated_claim, DEADLINE)
+        devices = example.allocated_devices(claim)
+        assert len(devices) == 1
+        drv, pool, dev = devices[0]
+        assert (drv, pool) == (driver, NODE_NAME)
+        assert dev in {"dev-0", "dev-1"}
+        selector = claim["status"]["allocation"]["nodeSelector"]  # type: ignore[index]
+        assert NODE_NAME in str(selector)
+
+        pod = api.get(path_for("v1", "pods", namespace, "p"))
+        assert pod["spec"]["nodeName"] == NODE_NAME
+
+        def not_registered_event() -> dict[str, str] | None:
+            events = api.items(
+                path_for("v1", "events", namespace),
+                fieldSelector="involvedObject.kind=Pod,involvedObject.name=p",
+            )
+            for e in events:
+                if e["reason"] == "FailedPrepareDynamicResources":
+                    return e
+            return None
+
+        event = wait_until(
+            "kubelet's FailedPrepareDynamicResources", not_registered_event, DEADLINE
+        )
+        assert f"DRA driver {driver} is not registered" in event["message"]
+        pod = api.get(path_for("v1", "pods", namespace, "p"))
+        assert pod["status"]["phase"] == "Pending"
+    finally:
+        api.delete(path_for(R, "resourceslices", name=slc["metadata"]["name"]))
+        api.delete(path_for(R, "deviceclasses", name=cls["metadata"]["name"]))

@@ -1,0 +1,57 @@
+"""Test tiers: ``unit``, ``grpc`` and ``cluster``, marked by directory.
+
+The cluster tier runs against the project's local cluster: real etcd,
+kube-apiserver, kube-controller-manager, kube-scheduler, kubelet and the fake
+CRI runtime. One cluster serves the whole session; if one is already running
+(``dradriver cluster up``) with the same feature gates it is reused and left
+running, otherwise it is started here and stopped at the end.
+Feature gates for the run: ``DRADRIVER_FEATURE_GATES=Name=true,...``.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from dradriver.cluster.api import AdminAPI, path_for
+from dradriver.cluster.config import Layout, default_state_dir, parse_feature_gates
+from dradriver.cluster.local import LocalCluster, running_cluster
+
+TIERS = ("unit", "grpc", "cluster")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        parts = Path(str(item.fspath)).parts
+        for tier in TIERS:
+            if tier in parts:
+                item.add_marker(getattr(pytest.mark, tier))
+
+
+@pytest.fixture(scope="session")
+def local_cluster() -> Iterator[LocalCluster]:
+    gates = parse_feature_gates(os.environ.get("DRADRIVER_FEATURE_GATES", ""))
+    with running_cluster(Layout(state_dir=default_state_dir()), gates) as (cluster, _, _):
+        yield cluster
+
+
+@pytest.fixture
+def api(local_cluster: LocalCluster) -> Iterator[AdminAPI]:
+    with local_cluster.api() as client:
+        yield client
+
+
+@pytest.fixture
+def unique_name() -> str:
+    return f"t-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture
+def namespace(api: AdminAPI, unique_name: str) -> Iterator[str]:
+    api.create_namespace(unique_name)
+    yield unique_name
+    api.delete(path_for("v1", "namespaces", name=unique_name))

@@ -1,0 +1,137 @@
+"""The local-cluster harness: config parsing, PKI, process tracking, clear errors."""
+
+from __future__ import annotations
+
+import socket
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from cryptography import x509
+
+from dradriver.cluster import binaries, pki
+from dradriver.cluster.config import (
+    Layout,
+    Ports,
+    format_feature_gates,
+    kubelet_config,
+    parse_feature_gates,
+)
+from dradriver.cluster.local import ClusterError, LocalCluster, wait_for
+from dradriver.cluster.process import Component, ComponentDied, ProcessRecord
+
+
+def test_feature_gates_round_trip() -> None:
+    gates = parse_feature_gates("DRADeviceTaintRules=true, DRAListTypeAttributes=False")
+    assert gates == {"DRADeviceTaintRules": True, "DRAListTypeAttributes": False}
+    assert format_feature_gates(gates) == "DRADeviceTaintRules=true,DRAListTypeAttributes=false"
+    assert parse_feature_gates("") == {}
+
+
+@pytest.mark.parametrize("bad", ["Foo", "Foo=yes", "=true"])
+def test_feature_gates_reject_bad_input(bad: str) -> None:
+    with pytest.raises(ValueError, match="Name=true"):
+        parse_feature_gates(bad)
+
+
+def test_kubelet_config_has_the_settings_this_machine_needs(tmp_path: Path) -> None:
+    layout = Layout(state_dir=tmp_path)
+    cfg = kubelet_config(layout, tmp_path / "ca", tmp_path / "c", tmp_path / "k", {"X": True})
+    assert cfg["failCgroupV1"] is False
+    assert cfg["address"] == "127.0.0.1"
+    assert cfg["readOnlyPort"] == 0
+    assert cfg["authentication"]["anonymous"]["enabled"] is False
+    assert cfg["containerRuntimeEndpoint"] == f"unix://{layout.cri_socket}"
+    assert cfg["featureGates"] == {"X": True}
+    yaml.safe_dump(cfg)
+
+
+def test_pki_chains_to_the_ca_and_keys_are_private(tmp_path: Path) -> None:
+    ca = pki.CertificateAuthority(pki.CertPair(tmp_path / "ca.crt", tmp_path / "ca.key"), "ca")
+    pair = ca.issue(
+        pki.CertPair(tmp_path / "n.crt", tmp_path / "n.key"),
+        "system:node:node-1",
+        orgs=("system:nodes",),
+        client=True,
+        ips=("127.0.0.1",),
+    )
+    cert = x509.load_pem_x509_certificate(pair.cert.read_bytes())
+    ca_cert = x509.load_pem_x509_certificate((tmp_path / "ca.crt").read_bytes())
+    cert.verify_directly_issued_by(ca_cert)
+    assert "O=system:nodes" in cert.subject.rfc4514_string()
+    assert (pair.key.stat().st_mode & 0o777) == 0o600
+    # A second CA object over the same files reuses the existing key.
+    again = pki.CertificateAuthority(pki.CertPair(tmp_path / "ca.crt", tmp_path / "ca.key"), "ca")
+    assert again.pair.cert.read_bytes() == (tmp_path / "ca.crt").read_bytes()
+
+
+def test_dead_component_is_named_with_its_log_tail(tmp_path: Path) -> None:
+    comp = Component(
+        "boomer",
+        [sys.executable, "-c", "import sys; print('cannot start: boom'); sys.exit(3)"],
+        tmp_path / "work",
+        tmp_path / "boomer.log",
+    )
+    with pytest.raises(ComponentDied) as info:
+        wait_for("never", lambda: False, timeout=30, components=[comp])
+    assert "boomer died (exit code 3)" in str(info.value)
+    assert "cannot start: boom" in str(info.value)
+
+
+def test_process_record_does_not_match_a_reused_pid(tmp_path: Path) -> None:
+    comp = Component(
+        "sleeper",
+        [sys.executable, "-c", "import time; time.sleep(60)"],
+        tmp_path / "w",
+        tmp_path / "s.log",
+    )
+    assert comp.record.alive()
+    impostor = ProcessRecord("x", comp.record.pid, "/bin/true", "")
+    assert not impostor.alive()
+    impostor.stop()  # must not signal the sleeper
+    assert comp.record.alive()
+    comp.record.stop()
+    assert not comp.record.alive()
+
+
+def test_taken_port_is_reported(tmp_path: Path) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        layout = Layout(
+            state_dir=tmp_path / "state",
+            kubelet_root=tmp_path / "kubelet",
+            ports=Ports(apiserver=port),
+        )
+        with pytest.raises(ClusterError, match=f"{port} \\(kube-apiserver\\)"):
+            LocalCluster(layout).up()
+
+
+def test_missing_go_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DRADRIVER_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    with pytest.raises(binaries.BinaryError, match="Go toolchain is not on PATH"):
+        binaries.ensure_binaries()
+
+
+def test_envtest_assets_must_hold_both_binaries(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("KUBEBUILDER_ASSETS", str(tmp_path))
+    (tmp_path / "etcd").write_text("")
+    (tmp_path / "etcd").chmod(0o755)
+    with pytest.raises(binaries.BinaryError, match="lacks executable kube-apiserver"):
+        binaries._envtest_overrides()
+
+
+def test_source_key_follows_the_go_module(tmp_path: Path) -> None:
+    (tmp_path / "cmd" / "x").mkdir(parents=True)
+    (tmp_path / "go.mod").write_text("module a\n")
+    (tmp_path / "go.sum").write_text("")
+    (tmp_path / "cmd" / "x" / "main.go").write_text("package main\n")
+    before = binaries.source_key(tmp_path)
+    assert binaries.source_key(tmp_path) == before
+    (tmp_path / "go.mod").write_text("module a\nrequire b v1\n")
+    assert binaries.source_key(tmp_path) != before
