@@ -88,8 +88,15 @@ def _scenario(api: AdminAPI, timeline: Timeline, node: str, timeout: float) -> i
             if event.get("reason") == "FailedPrepareDynamicResources":
                 timeline.say(f"kubelet on {bound} waits for the driver: {event.get('message')}")
                 timeline.say("next: the dradriver kubelet plugin registers and prepares it")
-                api.delete(path_for("v1", "namespaces", name=NAMESPACE))
+                _cleanup(api, slice_obj["metadata"]["name"])
                 return 0
         time.sleep(0.2)
     print(f"demo: timed out after {timeout:.0f}s; saw {sorted(seen)}", file=sys.stderr)
+    _cleanup(api, slice_obj["metadata"]["name"])
     return 1
+
+
+def _cleanup(api: AdminAPI, slice_name: str) -> None:
+    api.delete(path_for("v1", "namespaces", name=NAMESPACE))
+    api.delete(path_for(example.RESOURCE_V1, "resourceslices", name=slice_name))
+    api.delete(path_for(example.RESOURCE_V1, "deviceclasses", name=CLASS))

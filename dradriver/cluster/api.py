@@ -6,6 +6,7 @@ It reads and writes plain JSON dicts so nothing the server returns is dropped
 
 from __future__ import annotations
 
+import ssl
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -40,12 +41,9 @@ def path_for(
 
 class AdminAPI:
     def __init__(self, server: str, pki_dir: Path) -> None:
-        self._http = httpx.Client(
-            base_url=server,
-            verify=str(pki_dir / "ca.crt"),
-            cert=(str(pki_dir / "admin.crt"), str(pki_dir / "admin.key")),
-            timeout=30,
-        )
+        tls = ssl.create_default_context(cafile=str(pki_dir / "ca.crt"))
+        tls.load_cert_chain(str(pki_dir / "admin.crt"), str(pki_dir / "admin.key"))
+        self._http = httpx.Client(base_url=server, verify=tls, timeout=30)
 
     def close(self) -> None:
         self._http.close()

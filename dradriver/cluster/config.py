@@ -81,6 +81,11 @@ class Layout:
         return self.state_dir / "logs"
 
     @property
+    def last_logs(self) -> Path:
+        """Where ``down`` moves the logs of the cluster it stopped."""
+        return self.state_dir.with_name(self.state_dir.name + "-last-logs")
+
+    @property
     def admin_kubeconfig(self) -> Path:
         return self.state_dir / "admin.kubeconfig"
 

@@ -211,6 +211,10 @@ class LocalCluster:
         unmount_all(self.layout.state_dir)
         if self.layout.marker.exists():
             shutil.rmtree(self.layout.kubelet_root, ignore_errors=True)
+        if self.layout.logs.exists():
+            # Keep the logs of the last cluster for diagnosis; `up` starts afresh.
+            shutil.rmtree(self.layout.last_logs, ignore_errors=True)
+            self.layout.logs.rename(self.layout.last_logs)
         if self.layout.state_dir.exists():
             shutil.rmtree(self.layout.state_dir, ignore_errors=True)
         log.info("cluster is down")
