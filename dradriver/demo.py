@@ -11,6 +11,7 @@ from dradriver.cluster import example
 from dradriver.cluster.api import AdminAPI, path_for
 from dradriver.cluster.config import Layout
 from dradriver.cluster.local import running_cluster
+from dradriver.kube.paths import RESOURCE_V1
 
 NAMESPACE = "dradriver-demo"
 CLASS = f"example.{DEFAULT_DRIVER_NAME}"
@@ -46,14 +47,14 @@ def _scenario(api: AdminAPI, timeline: Timeline, node: str, timeout: float) -> i
     while api.get_or_none(path_for("v1", "namespaces", name=NAMESPACE)):
         time.sleep(0.2)
     api.create_namespace(NAMESPACE)
-    api.delete(path_for(example.RESOURCE_V1, "deviceclasses", name=CLASS))
-    api.create(path_for(example.RESOURCE_V1, "deviceclasses"), example.device_class(CLASS))
+    api.delete(path_for(RESOURCE_V1, "deviceclasses", name=CLASS))
+    api.create(path_for(RESOURCE_V1, "deviceclasses"), example.device_class(CLASS))
     slice_obj = example.node_slice(node, devices=4)
-    api.delete(path_for(example.RESOURCE_V1, "resourceslices", name=slice_obj["metadata"]["name"]))
-    api.create(path_for(example.RESOURCE_V1, "resourceslices"), slice_obj)
+    api.delete(path_for(RESOURCE_V1, "resourceslices", name=slice_obj["metadata"]["name"]))
+    api.create(path_for(RESOURCE_V1, "resourceslices"), slice_obj)
     timeline.say(f"DeviceClass {CLASS} and a ResourceSlice with 4 devices on {node} created")
     api.create(
-        path_for(example.RESOURCE_V1, "resourceclaimtemplates", NAMESPACE),
+        path_for(RESOURCE_V1, "resourceclaimtemplates", NAMESPACE),
         example.claim_template("one-device", NAMESPACE, CLASS),
     )
     api.create(
@@ -71,7 +72,7 @@ def _scenario(api: AdminAPI, timeline: Timeline, node: str, timeout: float) -> i
             seen.add("claim")
             timeline.say(f"ResourceClaim {NAMESPACE}/{claim_name} created from the template")
         claim = (
-            api.get_or_none(path_for(example.RESOURCE_V1, "resourceclaims", NAMESPACE, claim_name))
+            api.get_or_none(path_for(RESOURCE_V1, "resourceclaims", NAMESPACE, claim_name))
             if claim_name
             else None
         )
@@ -98,5 +99,5 @@ def _scenario(api: AdminAPI, timeline: Timeline, node: str, timeout: float) -> i
 
 def _cleanup(api: AdminAPI, slice_name: str) -> None:
     api.delete(path_for("v1", "namespaces", name=NAMESPACE))
-    api.delete(path_for(example.RESOURCE_V1, "resourceslices", name=slice_name))
-    api.delete(path_for(example.RESOURCE_V1, "deviceclasses", name=CLASS))
+    api.delete(path_for(RESOURCE_V1, "resourceslices", name=slice_name))
+    api.delete(path_for(RESOURCE_V1, "deviceclasses", name=CLASS))

@@ -14,6 +14,10 @@ from typing import Any, TypeVar
 
 import httpx
 
+from dradriver.kube.paths import path_for
+
+__all__ = ["APIError", "AdminAPI", "path_for", "wait_until"]
+
 T = TypeVar("T")
 Obj = dict[str, Any]
 
@@ -26,17 +30,6 @@ class APIError(RuntimeError):
         except ValueError:
             self.body = {"message": resp.text}
         super().__init__(f"{method} {path}: {self.status} {self.body.get('message', '')}")
-
-
-def path_for(
-    api_version: str, plural: str, namespace: str | None = None, name: str | None = None
-) -> str:
-    """The REST path of a collection or object, e.g. ``path_for("v1", "pods", "default")``."""
-    prefix = "/api/v1" if api_version == "v1" else f"/apis/{api_version}"
-    if namespace:
-        prefix += f"/namespaces/{namespace}"
-    prefix += f"/{plural}"
-    return f"{prefix}/{name}" if name else prefix
 
 
 class AdminAPI:

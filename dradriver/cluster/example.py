@@ -10,9 +10,10 @@ from __future__ import annotations
 from typing import Any
 
 from dradriver import DEFAULT_DRIVER_NAME
+from dradriver.kube.paths import RESOURCE_V1
 
 Obj = dict[str, Any]
-RESOURCE_V1 = "resource.k8s.io/v1"
+
 PAUSE_IMAGE = "registry.k8s.io/pause:3.10"
 
 

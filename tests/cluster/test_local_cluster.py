@@ -8,8 +8,9 @@ from dradriver.cluster import example
 from dradriver.cluster.api import AdminAPI, path_for, wait_until
 from dradriver.cluster.config import NODE_NAME
 from dradriver.cluster.local import AlreadyRunning, LocalCluster
+from dradriver.kube.paths import RESOURCE_V1
 
-R = example.RESOURCE_V1
+R = RESOURCE_V1
 # Allows one kubelet retry after Node-authorizer lag (see local-cluster.md).
 DEADLINE = 60
 

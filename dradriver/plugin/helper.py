@@ -1,0 +1,151 @@
+"""Owns everything between a DRA driver and the kubelet but the device logic.
+
+Start order follows the kubelet's expectations: the plugin directory, then
+the DRA socket (so the kubelet can connect as soon as it registers us), then
+the registration socket in ``plugins_registry``. A watchdog recreates the
+registration socket if it disappears (kubelet restart with a wiped registry),
+which makes the kubelet register the plugin again without a process restart.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from dradriver.log import get_logger
+from dradriver.plugin.driver import DeviceHealth, DRADriver
+from dradriver.plugin.services import (
+    DRAService,
+    HealthService,
+    RegistrationService,
+    add_dra_services,
+    add_registration_service,
+)
+
+log = get_logger("plugin.helper")
+
+
+@dataclass(frozen=True)
+class PluginPaths:
+    """Socket paths; all derive from the kubelet root dir so several nodes can share a host."""
+
+    kubelet_root: Path
+    driver_name: str
+    # Set per pod during rolling updates so old and new plugin never share a socket.
+    instance: str = ""
+
+    @property
+    def plugin_dir(self) -> Path:
+        return self.kubelet_root / "plugins" / self.driver_name
+
+    @property
+    def registry_dir(self) -> Path:
+        return self.kubelet_root / "plugins_registry"
+
+    @property
+    def dra_socket(self) -> Path:
+        suffix = f"-{self.instance}" if self.instance else ""
+        return self.plugin_dir / f"dra{suffix}.sock"
+
+    @property
+    def registration_socket(self) -> Path:
+        suffix = f"-{self.instance}" if self.instance else ""
+        return self.registry_dir / f"{self.driver_name}{suffix}-reg.sock"
+
+
+def _remove_stale(path: Path) -> None:
+    if not path.exists() and not path.is_symlink():
+        return
+    if not path.is_socket():
+        raise RuntimeError(f"{path} exists and is not a socket; refusing to replace it")
+    path.unlink()
+
+
+async def _serve_unix(server: grpc.aio.Server, path: Path) -> None:
+    _remove_stale(path)
+    # The kubelet runs as root; nobody else needs these sockets.
+    old = os.umask(0o077)
+    try:
+        server.add_insecure_port(f"unix://{path}")
+        await server.start()
+    finally:
+        os.umask(old)
+
+
+class KubeletPluginHelper:
+    def __init__(
+        self, driver: DRADriver, paths: PluginPaths, watchdog_interval: float = 1.0
+    ) -> None:
+        self.driver = driver
+        self.paths = paths
+        self.registration = RegistrationService(paths.driver_name, str(paths.dra_socket))
+        self._dra_server: grpc.aio.Server | None = None
+        self._reg_server: grpc.aio.Server | None = None
+        self.dra_services: list[DRAService] = []
+        self._health: list[HealthService] = []
+        self._watchdog: asyncio.Task[None] | None = None
+        self._watchdog_interval = watchdog_interval
+
+    @property
+    def registered(self) -> bool:
+        return self.registration.registered.is_set()
+
+    async def start(self) -> None:
+        self.paths.plugin_dir.mkdir(parents=True, exist_ok=True, mode=0o750)
+        self.paths.registry_dir.mkdir(parents=True, exist_ok=True, mode=0o755)
+        self._dra_server = grpc.aio.server()
+        self.dra_services, self._health = add_dra_services(self._dra_server, self.driver)
+        await _serve_unix(self._dra_server, self.paths.dra_socket)
+        log.info("serving DRA", socket=str(self.paths.dra_socket))
+        await self._start_registration()
+        self._watchdog = asyncio.create_task(self._watch_sockets())
+
+    async def _start_registration(self) -> None:
+        if self._reg_server is not None:
+            await self._reg_server.stop(grace=None)
+        self._reg_server = grpc.aio.server()
+        add_registration_service(self._reg_server, self.registration)
+        await _serve_unix(self._reg_server, self.paths.registration_socket)
+        log.info("registration socket ready", socket=str(self.paths.registration_socket))
+
+    async def _watch_sockets(self) -> None:
+        while True:
+            await asyncio.sleep(self._watchdog_interval)
+            if not self.paths.registration_socket.exists():
+                log.warning(
+                    "registration socket vanished; recreating it",
+                    socket=str(self.paths.registration_socket),
+                )
+                self.registration.registered.clear()
+                try:
+                    await self._start_registration()
+                except Exception as e:  # keep watching; the next round retries
+                    self.driver.handle_error(e, "recreating the registration socket")
+
+    async def wait_registered(self) -> None:
+        await self.registration.registered.wait()
+
+    async def publish_health(self, devices: list[DeviceHealth]) -> None:
+        for service in self._health:
+            await service.publish(devices)
+
+    async def stop(self) -> None:
+        """Stop serving and remove our sockets, so a successor can start cleanly."""
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._watchdog
+        servers: list[Any] = [self._reg_server, self._dra_server]
+        for server in servers:
+            if server is not None:
+                await server.stop(grace=1)
+        for path in (self.paths.registration_socket, self.paths.dra_socket):
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+        log.info("stopped", driver=self.paths.driver_name)

@@ -1,0 +1,207 @@
+"""gRPC services the kubelet calls: registration, DRA v1/v1beta1, dra-health.
+
+One implementation serves both DRA versions: the messages are the same but
+for ``Device.share_id`` (v1 only), so the handlers are built per message
+module.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Callable
+from types import ModuleType
+from typing import Any
+
+import grpc
+
+from dradriver.kubeletapi import (
+    DRA_HEALTH_V1ALPHA1_IDENTIFIER,
+    DRA_V1_IDENTIFIER,
+    DRA_V1BETA1_IDENTIFIER,
+    PLUGIN_TYPE_DRA,
+)
+from dradriver.kubeletapi.gen import (
+    dra_v1_pb2,
+    dra_v1_pb2_grpc,
+    dra_v1beta1_pb2,
+    dra_v1beta1_pb2_grpc,
+    drahealth_v1_pb2,
+    drahealth_v1_pb2_grpc,
+    drahealth_v1alpha1_pb2,
+    drahealth_v1alpha1_pb2_grpc,
+    pluginregistration_v1_pb2,
+    pluginregistration_v1_pb2_grpc,
+)
+from dradriver.log import get_logger
+from dradriver.plugin.driver import ClaimRef, DeviceHealth, DRADriver, PrepareResult
+
+log = get_logger("plugin.grpc")
+
+SUPPORTED_VERSIONS = [DRA_V1_IDENTIFIER, DRA_V1BETA1_IDENTIFIER, DRA_HEALTH_V1ALPHA1_IDENTIFIER]
+# The kubelet marks a device Unknown when it is not re-reported within this time.
+HEALTH_TIMEOUT_SECONDS = 30
+
+
+class RegistrationService(pluginregistration_v1_pb2_grpc.RegistrationServicer):  # type: ignore[misc]
+    """Answers the kubelet's plugin watcher; records whether registration succeeded."""
+
+    def __init__(self, driver_name: str, endpoint: str) -> None:
+        self.driver_name = driver_name
+        self.endpoint = endpoint
+        self.registered = asyncio.Event()
+        self.last_error = ""
+        self.registrations = 0
+
+    async def GetInfo(self, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+        # The kubelet gives GetInfo one second: no I/O here.
+        return pluginregistration_v1_pb2.PluginInfo(
+            type=PLUGIN_TYPE_DRA,
+            name=self.driver_name,
+            endpoint=self.endpoint,
+            supported_versions=SUPPORTED_VERSIONS,
+        )
+
+    async def NotifyRegistrationStatus(
+        self, request: Any, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> Any:
+        if request.plugin_registered:
+            self.registrations += 1
+            self.last_error = ""
+            self.registered.set()
+            log.info(
+                "registered with the kubelet",
+                driver=self.driver_name,
+                endpoint=self.endpoint,
+                times=self.registrations,
+            )
+        else:
+            self.registered.clear()
+            self.last_error = request.error
+            log.error("the kubelet rejected the registration", error=request.error)
+            await context.abort(grpc.StatusCode.UNKNOWN, f"registration failed: {request.error}")
+        return pluginregistration_v1_pb2.RegistrationStatusResponse()
+
+
+def _claim_refs(request: Any) -> list[ClaimRef]:
+    return [ClaimRef(namespace=c.namespace, uid=c.uid, name=c.name) for c in request.claims]
+
+
+class DRAService:
+    """NodePrepareResources / NodeUnprepareResources for one API version."""
+
+    def __init__(self, driver: DRADriver, pb2: ModuleType, with_share_id: bool) -> None:
+        self._driver = driver
+        self._pb2 = pb2
+        self._with_share_id = with_share_id
+        self.on_call: Callable[[str, float, bool], None] | None = None
+
+    def _device(self, dev: Any) -> Any:
+        fields: dict[str, Any] = {
+            "request_names": list(dev.request_names),
+            "pool_name": dev.pool,
+            "device_name": dev.device,
+            "cdi_device_ids": list(dev.cdi_ids),
+        }
+        if self._with_share_id and dev.share_id:
+            fields["share_id"] = dev.share_id
+        return self._pb2.Device(**fields)
+
+    def _observe(self, method: str, started: float, failed: bool) -> None:
+        if self.on_call is not None:
+            self.on_call(method, time.monotonic() - started, failed)
+
+    async def NodePrepareResources(
+        self, request: Any, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> Any:
+        started = time.monotonic()
+        claims = _claim_refs(request)
+        results = await self._driver.prepare_claims(claims)
+        response = self._pb2.NodePrepareResourcesResponse()
+        failed = False
+        for claim in claims:
+            result = results.get(claim.uid) or PrepareResult(error="driver returned no result")
+            entry = response.claims[claim.uid]
+            if result.error:
+                failed = True
+                entry.error = result.error
+            else:
+                entry.devices.extend(self._device(d) for d in result.devices)
+        self._observe("NodePrepareResources", started, failed)
+        return response
+
+    async def NodeUnprepareResources(
+        self, request: Any, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> Any:
+        started = time.monotonic()
+        claims = _claim_refs(request)
+        errors = await self._driver.unprepare_claims(claims)
+        response = self._pb2.NodeUnprepareResourcesResponse()
+        for claim in claims:
+            response.claims[claim.uid].error = errors.get(claim.uid, "")
+        self._observe("NodeUnprepareResources", started, any(errors.values()))
+        return response
+
+
+class HealthService:
+    """dra-health: streams the complete device health list on every change.
+
+    Re-sends the list within the kubelet's health timeout even without changes,
+    so devices do not turn Unknown.
+    """
+
+    def __init__(self, pb2: ModuleType) -> None:
+        self._pb2 = pb2
+        self._snapshot: list[DeviceHealth] = []
+        self._changed = asyncio.Condition()
+
+    async def publish(self, devices: list[DeviceHealth]) -> None:
+        async with self._changed:
+            self._snapshot = list(devices)
+            self._changed.notify_all()
+
+    def _response(self) -> Any:
+        now = int(time.time())
+        pb2 = self._pb2
+        out = pb2.NodeWatchResourcesResponse()
+        for d in self._snapshot:
+            health = (
+                pb2.UNKNOWN if d.healthy is None else pb2.HEALTHY if d.healthy else pb2.UNHEALTHY
+            )
+            out.devices.append(
+                pb2.DeviceHealth(
+                    device=pb2.DeviceIdentifier(pool_name=d.pool, device_name=d.device),
+                    health=health,
+                    last_updated_time=now,
+                    health_check_timeout_seconds=HEALTH_TIMEOUT_SECONDS,
+                    message=d.message[:1024],
+                )
+            )
+        return out
+
+    async def NodeWatchResources(
+        self, request: Any, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> AsyncIterator[Any]:
+        yield self._response()
+        while True:
+            async with self._changed:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._changed.wait(), HEALTH_TIMEOUT_SECONDS / 3)
+            yield self._response()
+
+
+def add_dra_services(
+    server: grpc.aio.Server, driver: DRADriver
+) -> tuple[list[DRAService], list[HealthService]]:
+    dra = [DRAService(driver, dra_v1_pb2, True), DRAService(driver, dra_v1beta1_pb2, False)]
+    dra_v1_pb2_grpc.add_DRAPluginServicer_to_server(dra[0], server)
+    dra_v1beta1_pb2_grpc.add_DRAPluginServicer_to_server(dra[1], server)
+    health = [HealthService(drahealth_v1alpha1_pb2), HealthService(drahealth_v1_pb2)]
+    drahealth_v1alpha1_pb2_grpc.add_DRAResourceHealthServicer_to_server(health[0], server)
+    drahealth_v1_pb2_grpc.add_DRAResourceHealthServicer_to_server(health[1], server)
+    return dra, health
+
+
+def add_registration_service(server: grpc.aio.Server, service: RegistrationService) -> None:
+    pluginregistration_v1_pb2_grpc.add_RegistrationServicer_to_server(service, server)

@@ -1,0 +1,226 @@
+"""The plugin helper over real unix sockets, driven by a client that acts like the kubelet."""
+
+from __future__ import annotations
+
+import asyncio
+import stat
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from dradriver.kubeletapi.gen import (
+    dra_v1_pb2,
+    dra_v1_pb2_grpc,
+    dra_v1beta1_pb2,
+    dra_v1beta1_pb2_grpc,
+    drahealth_v1alpha1_pb2,
+    drahealth_v1alpha1_pb2_grpc,
+    pluginregistration_v1_pb2,
+    pluginregistration_v1_pb2_grpc,
+)
+from dradriver.plugin.driver import ClaimRef, DeviceHealth, PreparedDevice, PrepareResult
+from dradriver.plugin.helper import KubeletPluginHelper, PluginPaths
+
+DRIVER = "test.dradriver.dev"
+
+
+class RecordingDriver:
+    """A DRADriver that prepares a fixed device per claim and records calls."""
+
+    def __init__(self) -> None:
+        self.prepared: list[str] = []
+        self.unprepared: list[str] = []
+        self.errors: list[str] = []
+
+    async def prepare_claims(self, claims: list[ClaimRef]) -> dict[str, PrepareResult]:
+        out = {}
+        for c in claims:
+            self.prepared.append(c.uid)
+            if c.name == "bad":
+                out[c.uid] = PrepareResult(error="opaque config: field 'mode' is invalid")
+            else:
+                out[c.uid] = PrepareResult(
+                    devices=[
+                        PreparedDevice(
+                            ("req",), "node-1", "dev-0", (f"{DRIVER}/device=claim-{c.uid}",), "ab12"
+                        )
+                    ]
+                )
+        return out
+
+    async def unprepare_claims(self, claims: list[ClaimRef]) -> dict[str, str]:
+        self.unprepared += [c.uid for c in claims]
+        return {c.uid: "" for c in claims}
+
+    def handle_error(self, error: BaseException, context: str) -> None:
+        self.errors.append(f"{context}: {error}")
+
+
+async def eventually(probe: Callable[[], bool], deadline: float = 10) -> None:
+    """Poll a file-system condition (there is no event to wait on) until a deadline."""
+    async with asyncio.timeout(deadline):
+        while not probe():  # noqa: ASYNC110
+            await asyncio.sleep(0.02)
+
+
+def run(
+    test: Callable[[KubeletPluginHelper, RecordingDriver], Awaitable[None]], root: Path
+) -> None:
+    async def main() -> None:
+        driver = RecordingDriver()
+        helper = KubeletPluginHelper(driver, PluginPaths(root, DRIVER), watchdog_interval=0.05)
+        await helper.start()
+        try:
+            await test(helper, driver)
+        finally:
+            await helper.stop()
+
+    asyncio.run(main())
+
+
+async def register(helper: KubeletPluginHelper) -> Any:
+    async with grpc.aio.insecure_channel(f"unix://{helper.paths.registration_socket}") as ch:
+        stub = pluginregistration_v1_pb2_grpc.RegistrationStub(ch)
+        info = await stub.GetInfo(pluginregistration_v1_pb2.InfoRequest(), timeout=1)
+        await stub.NotifyRegistrationStatus(
+            pluginregistration_v1_pb2.RegistrationStatus(plugin_registered=True), timeout=5
+        )
+        return info
+
+
+def test_registration_info_and_status(tmp_path: Path) -> None:
+    async def body(helper: KubeletPluginHelper, driver: RecordingDriver) -> None:
+        assert not helper.registered
+        info = await register(helper)
+        assert info.type == "DRAPlugin"
+        assert info.name == DRIVER
+        assert info.endpoint == str(tmp_path / "plugins" / DRIVER / "dra.sock")
+        assert list(info.supported_versions)[:2] == ["v1.DRAPlugin", "v1beta1.DRAPlugin"]
+        assert helper.registered
+
+    run(body, tmp_path)
+
+
+def test_failed_registration_is_recorded(tmp_path: Path) -> None:
+    async def body(helper: KubeletPluginHelper, driver: RecordingDriver) -> None:
+        await register(helper)
+        async with grpc.aio.insecure_channel(f"unix://{helper.paths.registration_socket}") as ch:
+            stub = pluginregistration_v1_pb2_grpc.RegistrationStub(ch)
+            with pytest.raises(grpc.aio.AioRpcError):
+                await stub.NotifyRegistrationStatus(
+                    pluginregistration_v1_pb2.RegistrationStatus(
+                        plugin_registered=False, error="version mismatch"
+                    )
+                )
+        assert not helper.registered
+        assert helper.registration.last_error == "version mismatch"
+
+    run(body, tmp_path)
+
+
+def test_sockets_are_not_world_accessible(tmp_path: Path) -> None:
+    async def body(helper: KubeletPluginHelper, driver: RecordingDriver) -> None:
+        for sock in (helper.paths.dra_socket, helper.paths.registration_socket):
+            mode = sock.stat().st_mode
+            assert stat.S_ISSOCK(mode)
+            assert mode & 0o077 == 0, f"{sock} is {oct(mode)}"
+        assert helper.paths.plugin_dir.stat().st_mode & 0o002 == 0
+
+    run(body, tmp_path)
+
+
+def test_prepare_and_unprepare_v1_and_v1beta1(tmp_path: Path) -> None:
+    async def body(helper: KubeletPluginHelper, driver: RecordingDriver) -> None:
+        async with grpc.aio.insecure_channel(f"unix://{helper.paths.dra_socket}") as ch:
+            v1 = dra_v1_pb2_grpc.DRAPluginStub(ch)
+            resp = await v1.NodePrepareResources(
+                dra_v1_pb2.NodePrepareResourcesRequest(
+                    claims=[
+                        dra_v1_pb2.Claim(namespace="ns", uid="u1", name="good"),
+                        dra_v1_pb2.Claim(namespace="ns", uid="u2", name="bad"),
+                    ]
+                )
+            )
+            dev = resp.claims["u1"].devices[0]
+            assert (dev.pool_name, dev.device_name, dev.share_id) == ("node-1", "dev-0", "ab12")
+            assert list(dev.cdi_device_ids) == [f"{DRIVER}/device=claim-u1"]
+            assert "field 'mode'" in resp.claims["u2"].error
+            beta = dra_v1beta1_pb2_grpc.DRAPluginStub(ch)
+            resp_b = await beta.NodePrepareResources(
+                dra_v1beta1_pb2.NodePrepareResourcesRequest(
+                    claims=[dra_v1beta1_pb2.Claim(namespace="ns", uid="u3", name="good")]
+                )
+            )
+            assert resp_b.claims["u3"].devices[0].device_name == "dev-0"
+            un = await v1.NodeUnprepareResources(
+                dra_v1_pb2.NodeUnprepareResourcesRequest(
+                    claims=[dra_v1_pb2.Claim(namespace="ns", uid="u1", name="good")]
+                )
+            )
+            assert un.claims["u1"].error == ""
+        assert driver.prepared == ["u1", "u2", "u3"]
+        assert driver.unprepared == ["u1"]
+
+    run(body, tmp_path)
+
+
+def test_health_stream_sends_complete_list_on_change(tmp_path: Path) -> None:
+    async def body(helper: KubeletPluginHelper, driver: RecordingDriver) -> None:
+        await helper.publish_health(
+            [DeviceHealth("node-1", "dev-0", True), DeviceHealth("node-1", "dev-1", True)]
+        )
+        async with grpc.aio.insecure_channel(f"unix://{helper.paths.dra_socket}") as ch:
+            stub = drahealth_v1alpha1_pb2_grpc.DRAResourceHealthStub(ch)
+            stream = stub.NodeWatchResources(drahealth_v1alpha1_pb2.NodeWatchResourcesRequest())
+            first = await stream.read()
+            assert [d.health for d in first.devices] == [drahealth_v1alpha1_pb2.HEALTHY] * 2
+            assert first.devices[0].health_check_timeout_seconds > 0
+            await helper.publish_health(
+                [
+                    DeviceHealth("node-1", "dev-0", True),
+                    DeviceHealth("node-1", "dev-1", False, "file gone"),
+                ]
+            )
+            second = await stream.read()
+            by_name = {d.device.device_name: d for d in second.devices}
+            assert by_name["dev-1"].health == drahealth_v1alpha1_pb2.UNHEALTHY
+            assert by_name["dev-1"].message == "file gone"
+            assert len(second.devices) == 2
+            stream.cancel()
+
+    run(body, tmp_path)
+
+
+def test_registration_socket_is_recreated_after_deletion(tmp_path: Path) -> None:
+    async def body(helper: KubeletPluginHelper, driver: RecordingDriver) -> None:
+        await register(helper)
+        sock = helper.paths.registration_socket
+        sock.unlink()
+        await eventually(sock.exists)
+        assert not helper.registered
+        await register(helper)
+        assert helper.registration.registrations == 2
+
+    run(body, tmp_path)
+
+
+def test_rolling_update_instances_use_distinct_sockets(tmp_path: Path) -> None:
+    a = PluginPaths(tmp_path, DRIVER, instance="pod-a")
+    b = PluginPaths(tmp_path, DRIVER, instance="pod-b")
+    assert a.dra_socket != b.dra_socket
+    assert a.registration_socket != b.registration_socket
+    assert a.plugin_dir == b.plugin_dir
+
+
+def test_stop_removes_sockets(tmp_path: Path) -> None:
+    paths = PluginPaths(tmp_path, DRIVER)
+
+    async def body(helper: KubeletPluginHelper, driver: RecordingDriver) -> None:
+        assert paths.dra_socket.exists()
+
+    run(body, tmp_path)
+    assert not paths.dra_socket.exists()
+    assert not paths.registration_socket.exists()
