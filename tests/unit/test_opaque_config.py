@@ -1,0 +1,69 @@
+"""Opaque config from classes and claims: merge order, scoping, specific errors."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from dradriver.opaqueconfig import ConfigError, effective_configs
+
+D = "dradriver.dev"
+
+
+def entry(
+    source: str, params: dict[str, Any], requests: list[str] | None = None, driver: str = D
+) -> dict[str, Any]:
+    out: dict[str, Any] = {"source": source, "opaque": {"driver": driver, "parameters": params}}
+    if requests is not None:
+        out["requests"] = requests
+    return out
+
+
+def cfg(**fields: Any) -> dict[str, Any]:
+    return {"apiVersion": f"{D}/v1alpha1", "kind": "DeviceConfig", **fields}
+
+
+def test_claim_config_overrides_class_config_field_by_field() -> None:
+    config = [
+        entry("FromClaim", cfg(env={"A": "claim"})),
+        entry("FromClass", cfg(env={"A": "class", "B": "class"}, profile="fast")),
+    ]
+    out = effective_configs(D, config, ["gpu"])
+    assert out["gpu"].env == {"A": "claim", "B": "class"}
+    assert out["gpu"].profile == "fast"
+
+
+def test_entries_scoped_to_requests_and_subrequests() -> None:
+    config = [entry("FromClaim", cfg(env={"X": "1"}), requests=["a"])]
+    out = effective_configs(D, config, ["a/first", "b"])
+    assert out["a/first"].env == {"X": "1"}
+    assert out["b"].env == {}
+
+
+def test_other_drivers_config_is_ignored() -> None:
+    config = [entry("FromClaim", {"whatever": True}, driver="other.example.com")]
+    assert effective_configs(D, config, ["a"])["a"].env == {}
+
+
+def test_unknown_kind_is_named() -> None:
+    with pytest.raises(ConfigError, match=r"config\[0\] \(FromClaim\): unknown kind 'GpuConfig'"):
+        effective_configs(D, [entry("FromClaim", {**cfg(), "kind": "GpuConfig"})], ["a"])
+
+
+def test_wrong_api_version_says_which_to_use() -> None:
+    bad = {**cfg(), "apiVersion": f"{D}/v9"}
+    with pytest.raises(ConfigError, match=r"use 'dradriver\.dev/v1alpha1'"):
+        effective_configs(D, [entry("FromClass", bad)], ["a"])
+
+
+def test_invalid_value_names_the_field() -> None:
+    with pytest.raises(ConfigError, match=r"config\[1\] \(FromClaim\): field env:.*not a valid"):
+        effective_configs(
+            D, [entry("FromClass", cfg()), entry("FromClaim", cfg(env={"1BAD": "x"}))], ["a"]
+        )
+
+
+def test_unknown_field_is_rejected_by_name() -> None:
+    with pytest.raises(ConfigError, match="field profil: Extra inputs are not permitted"):
+        effective_configs(D, [entry("FromClaim", cfg(profil="x"))], ["a"])
