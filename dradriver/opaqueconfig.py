@@ -80,9 +80,7 @@ def parse_parameters(driver: str, parameters: Any, where: str) -> DeviceConfig:
         return DeviceConfig.model_validate(parameters)
     except ValidationError as e:
         first = e.errors()[0]
-        raise ConfigError(
-            f"{where}: field {_field_path(first['loc'])}: {first['msg']}"
-        ) from e
+        raise ConfigError(f"{where}: field {_field_path(first['loc'])}: {first['msg']}") from e
 
 
 def effective_configs(

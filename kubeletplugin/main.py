@@ -3,35 +3,226 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
+import os
+import signal
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from dradriver import DEFAULT_DRIVER_NAME
+from dradriver.cdi import CDIRegistry
+from dradriver.devices.config import ConfigError, DriverConfig, load_config
+from dradriver.devices.slices import build_node_slices
+from dradriver.devices.sources import build_sources, discover_all
+from dradriver.hooks import Hook
+from dradriver.httpserver import HTTPEndpoint, build_app
+from dradriver.kube.client import KubeClient, load_connection
+from dradriver.ledger import Ledger, LedgerError
+from dradriver.log import configure, get_logger
+from dradriver.plugin.helper import KubeletPluginHelper, PluginPaths
+from dradriver.plugin.slicepublisher import SlicePublisher
+from kubeletplugin.driver import NodeDriver
+from kubeletplugin.inventory import Inventory
+from kubeletplugin.metrics import PluginMetrics
+
+log = get_logger("kubeletplugin")
+
+
+class UsageError(ValueError):
+    """A missing or contradictory command-line setting."""
 
 
 def build_parser() -> argparse.ArgumentParser:
+    env = os.environ.get
     parser = argparse.ArgumentParser(
         prog="dradriver-kubeletplugin",
         description="Registers with the kubelet, publishes this node's ResourceSlices and "
-        "prepares devices for pods (DRA), optionally through the device-plugin API too.",
+        "prepares devices for pods (DRA): setup/teardown hooks, CDI specs, and a crash-safe "
+        "ledger of which device is held by whom.",
     )
     parser.add_argument(
-        "--driver-name", default=DEFAULT_DRIVER_NAME, help="DRA driver name (default: %(default)s)"
+        "--config",
+        type=Path,
+        default=env("DRADRIVER_CONFIG"),
+        help="driver configuration YAML (devices, hooks); env DRADRIVER_CONFIG",
     )
-    parser.add_argument("--node-name", help="this node's name (default: env NODE_NAME)")
+    parser.add_argument(
+        "--driver-name",
+        default=env("DRADRIVER_DRIVER_NAME"),
+        help=f"DRA driver name (default: from the config, else {DEFAULT_DRIVER_NAME})",
+    )
+    parser.add_argument(
+        "--node-name", default=env("NODE_NAME"), help="this node's name (env NODE_NAME)"
+    )
     parser.add_argument(
         "--kubelet-root",
-        default="/var/lib/kubelet",
-        help="kubelet root dir; plugin sockets live under it",
+        type=Path,
+        default=Path("/var/lib/kubelet"),
+        help="kubelet root dir; the plugin and registration sockets live under "
+        "it (default: %(default)s)",
     )
-    parser.add_argument("--kubeconfig", help="kubeconfig path (default: in-cluster config)")
+    parser.add_argument(
+        "--cdi-dir",
+        type=Path,
+        default=Path("/var/run/cdi"),
+        help="where CDI specs are written (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--state-dir",
+        type=Path,
+        help="where the ledger lives (default: the plugin dir under the kubelet "
+        "root, which survives reboots)",
+    )
+    parser.add_argument(
+        "--instance",
+        default=env("POD_UID", ""),
+        help="suffix for socket names so two plugin pods can overlap during a "
+        "rolling update (env POD_UID)",
+    )
+    parser.add_argument(
+        "--kubeconfig",
+        default=env("KUBECONFIG"),
+        help="kubeconfig path (default: in-cluster service account)",
+    )
+    parser.add_argument(
+        "--http-address",
+        default="127.0.0.1:8080",
+        help="/healthz, /readyz and /metrics (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--health-interval",
+        type=float,
+        default=5.0,
+        help="seconds between device health checks (default: %(default)s)",
+    )
+    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning"])
     return parser
 
 
+def _hook(spec: object | None, name: str) -> Hook | None:
+    if spec is None:
+        return None
+    command = tuple(getattr(spec, "command", None) or ())
+    python = getattr(spec, "python", None) or ""
+    timeout = float(getattr(spec, "timeout_seconds", 30))
+    return Hook(name, command=command, python=python, timeout=timeout)
+
+
+class Plugin:
+    def __init__(self, args: argparse.Namespace, config: DriverConfig) -> None:
+        self.args = args
+        self.driver_name: str = args.driver_name or config.driver_name
+        if not args.node_name:
+            raise UsageError("--node-name (or env NODE_NAME) is required")
+        self.node: str = args.node_name
+        self.config = config
+        self.paths = PluginPaths(args.kubelet_root, self.driver_name, args.instance)
+        state_dir = args.state_dir or self.paths.plugin_dir
+        self.metrics = PluginMetrics()
+        self.client = KubeClient(load_connection(args.kubeconfig), "dradriver-kubeletplugin")
+        self.ledger = Ledger.load(Path(state_dir) / "ledger.json")
+        sources = build_sources(config)
+        self.inventory = Inventory(self.node, lambda: discover_all(sources))
+        self.driver = NodeDriver(
+            client=self.client,
+            driver_name=self.driver_name,
+            inventory=self.inventory,
+            ledger=self.ledger,
+            cdi=CDIRegistry(args.cdi_dir, self.driver_name),
+            setup=_hook(config.hooks.setup, "setup"),
+            teardown=_hook(config.hooks.teardown, "teardown"),
+            metrics=self.metrics,
+        )
+        self.helper = KubeletPluginHelper(self.driver, self.paths)
+        self.publisher = SlicePublisher(self.client, self.driver_name, self.node, self._slices)
+
+    def _slices(self, generation: int) -> list[dict[str, object]]:
+        return build_node_slices(
+            self.driver_name,
+            self.node,
+            list(self.inventory.devices.values()),
+            list(self.config.counter_sets),
+            generation,
+        )
+
+    def ready(self) -> tuple[bool, str]:
+        if not self.helper.registered:
+            error = self.helper.registration.last_error
+            return False, f"not registered with the kubelet{': ' + error if error else ''}"
+        return True, f"registered as {self.driver_name} on {self.node}"
+
+    async def _health_loop(self) -> None:
+        while True:
+            if self.inventory.refresh():
+                self.publisher.trigger()
+            self.metrics.unhealthy_devices.set(self.inventory.unhealthy())
+            self.metrics.prepared_devices.set(
+                sum(len(c.devices) for c in self.ledger.claims() if c.state == "prepared")
+            )
+            await self.helper.publish_health(self.inventory.health())
+            await asyncio.sleep(self.args.health_interval)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        counts = await self.driver.reconcile()
+        log.info(
+            "starting",
+            driver=self.driver_name,
+            node=self.node,
+            devices=len(self.inventory.devices),
+            **counts,
+        )
+        http = HTTPEndpoint(
+            build_app(self.ready, self.metrics.registry, "dradriver-kubeletplugin"),
+            self.args.http_address,
+        )
+        await http.start()
+        await self.helper.start()
+        before = self.publisher.writes
+
+        def count_writes() -> None:
+            nonlocal before
+            self.metrics.slice_writes.inc(self.publisher.writes - before)
+            before = self.publisher.writes
+
+        self.publisher.on_sync = count_writes
+        tasks = [
+            asyncio.create_task(self.publisher.run(self.driver.handle_error)),
+            asyncio.create_task(self._health_loop()),
+        ]
+        try:
+            await stop.wait()
+        finally:
+            for task in tasks:
+                task.cancel()
+            for task in tasks:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+            await self.helper.stop()
+            await http.stop()
+            await self.client.aclose()
+
+
+async def _main(args: argparse.Namespace) -> int:
+    config = load_config(args.config) if args.config else DriverConfig()
+    plugin = Plugin(args, config)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await plugin.run(stop)
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    build_parser().parse_args(argv)
-    print("dradriver-kubeletplugin: not implemented yet", file=sys.stderr)
-    return 2
+    args = build_parser().parse_args(argv)
+    configure(args.log_level)
+    try:
+        return asyncio.run(_main(args))
+    except (ConfigError, LedgerError, UsageError) as e:
+        print(f"dradriver-kubeletplugin: error: {e}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

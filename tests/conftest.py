@@ -11,6 +11,8 @@ Feature gates for the run: ``DRADRIVER_FEATURE_GATES=Name=true,...``.
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -55,3 +57,11 @@ def namespace(api: AdminAPI, unique_name: str) -> Iterator[str]:
     api.create_namespace(unique_name)
     yield unique_name
     api.delete(path_for("v1", "namespaces", name=unique_name))
+
+
+@pytest.fixture
+def sock_dir() -> Iterator[Path]:
+    """A short temporary directory: unix socket paths must stay under 108 bytes."""
+    path = Path(tempfile.mkdtemp(prefix="dra-", dir="/tmp"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)

@@ -16,7 +16,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from dradriver.kube.client import KubeAPIError, KubeClient
+from dradriver.devices.slices import slices_equal
+from dradriver.kube.client import KubeClient
 from dradriver.kube.paths import RESOURCE_V1, path_for
 from dradriver.log import get_logger
 
@@ -34,29 +35,6 @@ GATED_FIELDS = {
     "allowMultipleAllocations": "DRAConsumableCapacity",
     "requestPolicy": "DRAConsumableCapacity",
 }
-
-
-def _without_generation(spec: Obj) -> Obj:
-    pool = {k: v for k, v in spec.get("pool", {}).items() if k != "generation"}
-    return {**spec, "pool": pool}
-
-
-def covers(existing: Any, desired: Any) -> bool:
-    """True if ``existing`` has every field of ``desired`` with the same value.
-
-    The server adds defaults (e.g. taint timestamps), so only the fields we set count.
-    """
-    if isinstance(desired, dict):
-        return isinstance(existing, dict) and all(
-            k in existing and covers(existing[k], v) for k, v in desired.items()
-        )
-    if isinstance(desired, list):
-        return (
-            isinstance(existing, list)
-            and len(existing) == len(desired)
-            and all(covers(e, d) for e, d in zip(existing, desired, strict=True))
-        )
-    return bool(existing == desired)
 
 
 def dropped_fields(sent: Any, returned: Any, path: str = "spec") -> list[str]:
@@ -98,6 +76,7 @@ class SlicePublisher:
         self.resync_period = resync_period
         self.writes = 0
         self.syncs = 0
+        self.on_sync: Callable[[], None] | None = None
         self._dirty = asyncio.Event()
         self._owner: Obj | None = None
         self._selector = f"spec.nodeName={node},spec.driver={driver}"
@@ -136,7 +115,7 @@ class SlicePublisher:
         )
         want = {s["metadata"]["name"]: s for s in self.desired(generation)}
         unchanged = set(want) == set(existing) and all(
-            covers(_without_generation(existing[n]["spec"]), _without_generation(s["spec"]))
+            slices_equal(s["spec"], existing[n]["spec"])
             and existing[n]["spec"]["pool"].get("generation") == generation
             for n, s in want.items()
         )
@@ -203,12 +182,11 @@ class SlicePublisher:
                 last = time.monotonic()
                 try:
                     await self.sync()
-                except (KubeAPIError, DroppedFieldsError, OSError) as e:
+                except Exception as e:  # never let the publisher die; retry on the next round
                     on_error(e, "publishing ResourceSlices")
                     self._dirty.set()
-                except Exception as e:  # never let the publisher die silently
-                    on_error(e, "publishing ResourceSlices")
-                    self._dirty.set()
+                if self.on_sync is not None:
+                    self.on_sync()
         finally:
             watcher.cancel()
 

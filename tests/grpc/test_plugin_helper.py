@@ -91,20 +91,20 @@ async def register(helper: KubeletPluginHelper) -> Any:
         return info
 
 
-def test_registration_info_and_status(tmp_path: Path) -> None:
+def test_registration_info_and_status(sock_dir: Path) -> None:
     async def body(helper: KubeletPluginHelper, driver: RecordingDriver) -> None:
         assert not helper.registered
         info = await register(helper)
         assert info.type == "DRAPlugin"
         assert info.name == DRIVER
-        assert info.endpoint == str(tmp_path / "plugins" / DRIVER / "dra.sock")
+        assert info.endpoint == str(sock_dir / "plugins" / DRIVER / "dra.sock")
         assert list(info.supported_versions)[:2] == ["v1.DRAPlugin", "v1beta1.DRAPlugin"]
         assert helper.registered
 
-    run(body, tmp_path)
+    run(body, sock_dir)
 
 
-def test_failed_registration_is_recorded(tmp_path: Path) -> None:
+def test_failed_registration_is_recorded(sock_dir: Path) -> None:
     async def body(helper: KubeletPluginHelper, driver: RecordingDriver) -> None:
         await register(helper)
         async with grpc.aio.insecure_channel(f"unix://{helper.paths.registration_socket}") as ch:
@@ -118,10 +118,10 @@ def test_failed_registration_is_recorded(tmp_path: Path) -> None:
         assert not helper.registered
         assert helper.registration.last_error == "version mismatch"
 
-    run(body, tmp_path)
+    run(body, sock_dir)
 
 
-def test_sockets_are_not_world_accessible(tmp_path: Path) -> None:
+def test_sockets_are_not_world_accessible(sock_dir: Path) -> None:
     async def body(helper: KubeletPluginHelper, driver: RecordingDriver) -> None:
         for sock in (helper.paths.dra_socket, helper.paths.registration_socket):
             mode = sock.stat().st_mode
@@ -129,10 +129,10 @@ def test_sockets_are_not_world_accessible(tmp_path: Path) -> None:
             assert mode & 0o077 == 0, f"{sock} is {oct(mode)}"
         assert helper.paths.plugin_dir.stat().st_mode & 0o002 == 0
 
-    run(body, tmp_path)
+    run(body, sock_dir)
 
 
-def test_prepare_and_unprepare_v1_and_v1beta1(tmp_path: Path) -> None:
+def test_prepare_and_unprepare_v1_and_v1beta1(sock_dir: Path) -> None:
     async def body(helper: KubeletPluginHelper, driver: RecordingDriver) -> None:
         async with grpc.aio.insecure_channel(f"unix://{helper.paths.dra_socket}") as ch:
             v1 = dra_v1_pb2_grpc.DRAPluginStub(ch)
@@ -164,10 +164,10 @@ def test_prepare_and_unprepare_v1_and_v1beta1(tmp_path: Path) -> None:
         assert driver.prepared == ["u1", "u2", "u3"]
         assert driver.unprepared == ["u1"]
 
-    run(body, tmp_path)
+    run(body, sock_dir)
 
 
-def test_health_stream_sends_complete_list_on_change(tmp_path: Path) -> None:
+def test_health_stream_sends_complete_list_on_change(sock_dir: Path) -> None:
     async def body(helper: KubeletPluginHelper, driver: RecordingDriver) -> None:
         await helper.publish_health(
             [DeviceHealth("node-1", "dev-0", True), DeviceHealth("node-1", "dev-1", True)]
@@ -191,10 +191,10 @@ def test_health_stream_sends_complete_list_on_change(tmp_path: Path) -> None:
             assert len(second.devices) == 2
             stream.cancel()
 
-    run(body, tmp_path)
+    run(body, sock_dir)
 
 
-def test_registration_socket_is_recreated_after_deletion(tmp_path: Path) -> None:
+def test_registration_socket_is_recreated_after_deletion(sock_dir: Path) -> None:
     async def body(helper: KubeletPluginHelper, driver: RecordingDriver) -> None:
         await register(helper)
         sock = helper.paths.registration_socket
@@ -204,23 +204,23 @@ def test_registration_socket_is_recreated_after_deletion(tmp_path: Path) -> None
         await register(helper)
         assert helper.registration.registrations == 2
 
-    run(body, tmp_path)
+    run(body, sock_dir)
 
 
-def test_rolling_update_instances_use_distinct_sockets(tmp_path: Path) -> None:
-    a = PluginPaths(tmp_path, DRIVER, instance="pod-a")
-    b = PluginPaths(tmp_path, DRIVER, instance="pod-b")
+def test_rolling_update_instances_use_distinct_sockets(sock_dir: Path) -> None:
+    a = PluginPaths(sock_dir, DRIVER, instance="pod-a")
+    b = PluginPaths(sock_dir, DRIVER, instance="pod-b")
     assert a.dra_socket != b.dra_socket
     assert a.registration_socket != b.registration_socket
     assert a.plugin_dir == b.plugin_dir
 
 
-def test_stop_removes_sockets(tmp_path: Path) -> None:
-    paths = PluginPaths(tmp_path, DRIVER)
+def test_stop_removes_sockets(sock_dir: Path) -> None:
+    paths = PluginPaths(sock_dir, DRIVER)
 
     async def body(helper: KubeletPluginHelper, driver: RecordingDriver) -> None:
         assert paths.dra_socket.exists()
 
-    run(body, tmp_path)
+    run(body, sock_dir)
     assert not paths.dra_socket.exists()
     assert not paths.registration_socket.exists()

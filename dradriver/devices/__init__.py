@@ -1,0 +1,12 @@
+"""The device layer: what devices this node has and how they are published.
+
+* :mod:`~dradriver.devices.model` - :class:`Device`, :class:`CounterSet` and their parts
+* :mod:`~dradriver.devices.attributes` - typed attribute values
+* :mod:`~dradriver.devices.quantity` - Kubernetes quantities
+* :mod:`~dradriver.devices.names` - Kubernetes name formats
+* :mod:`~dradriver.devices.config` - the driver configuration file
+* :mod:`~dradriver.devices.sources` - the source interface, ``build_sources``, ``discover_all``;
+  the sources themselves are :mod:`static`, :mod:`devglob` and :mod:`pci`
+* :mod:`~dradriver.devices.health` - health from files
+* :mod:`~dradriver.devices.slices` - ResourceSlices for a node
+"""

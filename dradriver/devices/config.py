@@ -1,0 +1,435 @@
+"""The driver configuration file: one YAML document validated by pydantic models.
+
+Keys are camelCase in YAML and snake_case in Python; unknown keys are errors, and every
+error names the file and the field path, e.g.
+``driver.yaml: sources[0].static.devices[2].name: device name 'Dev_2' is not a DNS label``.
+
+Example::
+
+    driverName: dradriver.dev
+    counterSets:
+      - name: gpu-0-memory
+        counters: {memory: 16Gi}
+    sources:
+      - static:
+          mockDir: /var/run/dradriver/mock
+          devices:
+            - namePrefix: dev
+              count: 4
+              attributes: {model: mock-1, firmware: {version: 1.2.3}}
+      - devglob: {glob: /dev/fake*}
+      - pci: {vendor: "0x10de", class: "0x03"}
+    hooks:
+      setup: {command: [/usr/local/bin/setup-device], timeoutSeconds: 30}
+      teardown: {python: "mypkg.hooks:teardown"}
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from dradriver.devices import names
+from dradriver.devices.attributes import IntAttribute
+from dradriver.devices.model import (
+    MAX_ATTRIBUTES_AND_CAPACITIES_PER_DEVICE,
+    CounterSet,
+    Device,
+    DeviceName,
+    DeviceProperties,
+)
+
+DEFAULT_DRIVER_NAME = "dradriver.dev"
+INDEX_ATTRIBUTE = "index"
+MAX_DEVICE_COUNT = 100_000
+DEFAULT_HOOK_TIMEOUT_SECONDS = 30
+
+DEVGLOB_ATTRIBUTES = ("path",)
+PCI_ATTRIBUTES = (
+    "pciAddress",
+    "vendorID",
+    "deviceID",
+    "class",
+    "numaNode",
+    "resource.kubernetes.io/pcieRoot",
+)
+
+
+class ConfigError(Exception):
+    """The configuration file cannot be read or is invalid; ``errors`` are ``path: message``."""
+
+    def __init__(self, file: str, errors: list[str]) -> None:
+        self.file = file
+        self.errors = errors
+        if len(errors) == 1:
+            text = f"{file}: {errors[0]}"
+        else:
+            text = f"{file}: {len(errors)} errors:\n" + "\n".join(f"  {e}" for e in errors)
+        super().__init__(text)
+
+
+# --------------------------------------------------------------------------------------------
+# Sources
+# --------------------------------------------------------------------------------------------
+
+
+def _name_prefix(value: str) -> str:
+    return names.validate_dns_label(value, "namePrefix")
+
+
+def _absolute_path(value: str) -> str:
+    if not os.path.isabs(value):
+        raise ValueError(f"{value!r} is not an absolute path")
+    return value
+
+
+AbsolutePath = Annotated[str, AfterValidator(_absolute_path)]
+
+
+def _reserved_attributes(
+    template: DeviceProperties, reserved: tuple[str, ...], added_by: str
+) -> None:
+    """Checks a template for devices a source discovers: room for the source's attributes."""
+    clash = sorted(set(template.attributes) & set(reserved))
+    if clash:
+        raise ValueError(f"attributes {clash} are set by {added_by} itself")
+    total = len(template.attributes) + len(template.capacity) + len(reserved)
+    if total > MAX_ATTRIBUTES_AND_CAPACITIES_PER_DEVICE:
+        raise ValueError(
+            f"{added_by} adds {len(reserved)} attributes, which makes {total} "
+            f"attributes and capacities; at most {MAX_ATTRIBUTES_AND_CAPACITIES_PER_DEVICE} "
+            "are allowed per device"
+        )
+
+
+class StaticDeviceEntry(DeviceProperties):
+    """A device declared in configuration, or ``count`` of them named ``<namePrefix>-<i>``."""
+
+    name: DeviceName | None = None
+    name_prefix: Annotated[str, AfterValidator(_name_prefix)] | None = Field(
+        default=None, alias="namePrefix"
+    )
+    count: int | None = Field(default=None, ge=1, le=MAX_DEVICE_COUNT)
+
+    @model_validator(mode="after")
+    def _name_or_count(self) -> StaticDeviceEntry:
+        if self.count is None:
+            if self.name is None:
+                raise ValueError("set name, or count (with an optional namePrefix)")
+            if self.name_prefix is not None:
+                raise ValueError("namePrefix needs count")
+            return self
+        if self.name is not None:
+            raise ValueError("set either name or count, not both")
+        longest = f"{self.prefix}-{self.count - 1}"
+        if len(longest) > names.DNS_LABEL_MAX_LENGTH:
+            raise ValueError(
+                f"device name {longest!r} would be longer than {names.DNS_LABEL_MAX_LENGTH} "
+                "characters; use a shorter namePrefix"
+            )
+        _reserved_attributes(self, (INDEX_ATTRIBUTE,), "the count shorthand")
+        return self
+
+    @property
+    def prefix(self) -> str:
+        return self.name_prefix or "dev"
+
+    def device_names(self) -> list[str]:
+        if self.count is None:
+            assert self.name is not None
+            return [self.name]
+        return [f"{self.prefix}-{i}" for i in range(self.count)]
+
+    def expand(self) -> list[Device]:
+        """The devices this entry declares; an expanded one gets an ``index`` attribute."""
+        properties = {field: getattr(self, field) for field in DeviceProperties.model_fields}
+        if self.count is None:
+            return [Device.model_validate({**properties, "name": self.name})]
+        return [
+            Device.model_validate(
+                {
+                    **properties,
+                    "name": name,
+                    "attributes": {**self.attributes, INDEX_ATTRIBUTE: IntAttribute(value=i)},
+                }
+            )
+            for i, name in enumerate(self.device_names())
+        ]
+
+
+class StaticSourceConfig(BaseModel):
+    """Devices declared in configuration; with ``mockDir``, each gets a mock device file."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+
+    mock_dir: AbsolutePath | None = Field(default=None, alias="mockDir")
+    devices: tuple[StaticDeviceEntry, ...] = ()
+
+    @model_validator(mode="after")
+    def _unique_names(self) -> StaticSourceConfig:
+        seen: dict[str, int] = {}
+        for index, entry in enumerate(self.devices):
+            for name in entry.device_names():
+                if name in seen:
+                    raise ValueError(
+                        f"device name {name!r} of devices[{index}] is also used by "
+                        f"devices[{seen[name]}]"
+                    )
+                seen[name] = index
+        return self
+
+
+HexID = Annotated[str, AfterValidator(lambda v: _hex(v, 4, 4, "a PCI ID"))]
+HexClass = Annotated[str, AfterValidator(lambda v: _hex(v, 1, 6, "a PCI class prefix"))]
+
+
+def _hex(value: str, low: int, high: int, what: str) -> str:
+    digits = value.lower().removeprefix("0x")
+    if not low <= len(digits) <= high or not re.fullmatch(r"[0-9a-f]+", digits):
+        size = f"{low}" if low == high else f"{low} to {high}"
+        raise ValueError(f"{value!r} is not {what}: expected {size} hex digits, e.g. 0x10de")
+    return "0x" + digits
+
+
+class DevGlobSourceConfig(DeviceProperties):
+    """One device per path matching ``glob``; the other fields apply to every such device."""
+
+    glob: AbsolutePath
+
+    @model_validator(mode="after")
+    def _room_for_path(self) -> DevGlobSourceConfig:
+        _reserved_attributes(self, DEVGLOB_ATTRIBUTES, "the devglob source")
+        return self
+
+
+class PciSourceConfig(DeviceProperties):
+    """PCI devices found in sysfs, filtered by vendor, device and class prefix."""
+
+    sysfs_root: AbsolutePath = Field(default="/sys", alias="sysfsRoot")
+    vendor: HexID | None = None
+    device: HexID | None = None
+    device_class: HexClass | None = Field(default=None, alias="class")
+
+    @model_validator(mode="after")
+    def _room_for_pci(self) -> PciSourceConfig:
+        _reserved_attributes(self, PCI_ATTRIBUTES, "the pci source")
+        return self
+
+
+SourceKind = Literal["static", "devglob", "pci"]
+
+
+class SourceConfig(BaseModel):
+    """One device source: exactly one of ``static``, ``devglob``, ``pci``."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+
+    static: StaticSourceConfig | None = None
+    devglob: DevGlobSourceConfig | None = None
+    pci: PciSourceConfig | None = None
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> SourceConfig:
+        given = [k for k in ("static", "devglob", "pci") if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise ValueError(
+                "a source must have exactly one of the keys static, devglob, pci; "
+                f"got {', '.join(given) or 'none'}"
+            )
+        return self
+
+    @property
+    def kind(self) -> SourceKind:
+        if self.static is not None:
+            return "static"
+        if self.devglob is not None:
+            return "devglob"
+        return "pci"
+
+
+# --------------------------------------------------------------------------------------------
+# Hooks
+# --------------------------------------------------------------------------------------------
+
+_PYTHON_TARGET = re.compile(r"[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*")
+
+
+class HookSpec(BaseModel):
+    """A program run around a device's use: ``command`` (argv) or ``python`` (module:function)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+
+    command: tuple[str, ...] | None = None
+    python: str | None = None
+    timeout_seconds: int = Field(
+        default=DEFAULT_HOOK_TIMEOUT_SECONDS, ge=1, le=3600, alias="timeoutSeconds"
+    )
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> HookSpec:
+        if (self.command is None) == (self.python is None):
+            raise ValueError("set exactly one of command and python")
+        if self.command is not None and (not self.command or not self.command[0]):
+            raise ValueError("command must be a non-empty list whose first item is the program")
+        if self.python is not None and not _PYTHON_TARGET.fullmatch(self.python):
+            raise ValueError(f"python {self.python!r} must have the form 'package.module:function'")
+        return self
+
+
+class Hooks(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+
+    setup: HookSpec | None = None
+    teardown: HookSpec | None = None
+
+
+# --------------------------------------------------------------------------------------------
+# The file
+# --------------------------------------------------------------------------------------------
+
+
+class DriverConfig(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+
+    driver_name: Annotated[str, AfterValidator(names.validate_driver_name)] = Field(
+        default=DEFAULT_DRIVER_NAME, alias="driverName"
+    )
+    sources: tuple[SourceConfig, ...] = ()
+    counter_sets: tuple[CounterSet, ...] = Field(default=(), alias="counterSets")
+    hooks: Hooks = Field(default_factory=Hooks)
+
+    @model_validator(mode="after")
+    def _counter_references(self) -> DriverConfig:
+        declared: dict[str, set[str]] = {}
+        for index, counter_set in enumerate(self.counter_sets):
+            if counter_set.name in declared:
+                raise ValueError(
+                    f"counterSets[{index}].name: counter set {counter_set.name!r} is declared twice"
+                )
+            declared[counter_set.name] = set(counter_set.counters)
+        for path, properties in self._device_properties():
+            for c_index, consumption in enumerate(properties.consumes_counters):
+                where = f"{path}.consumesCounters[{c_index}]"
+                known = declared.get(consumption.counter_set)
+                if known is None:
+                    raise ValueError(
+                        f"{where}.counterSet: counter set {consumption.counter_set!r} is not "
+                        "declared in counterSets"
+                    )
+                unknown = sorted(set(consumption.counters) - known)
+                if unknown:
+                    raise ValueError(
+                        f"{where}.counters: counter set {consumption.counter_set!r} has no "
+                        f"counters {unknown}"
+                    )
+        return self
+
+    def _device_properties(self) -> Iterator[tuple[str, DeviceProperties]]:
+        for index, source in enumerate(self.sources):
+            if source.static is not None:
+                for d_index, entry in enumerate(source.static.devices):
+                    yield f"sources[{index}].static.devices[{d_index}]", entry
+            elif source.devglob is not None:
+                yield f"sources[{index}].devglob", source.devglob
+            elif source.pci is not None:
+                yield f"sources[{index}].pci", source.pci
+
+    def with_mock_dir(self, mock_dir: str) -> DriverConfig:
+        """This configuration with every static source that has a ``mockDir`` using ``mock_dir``.
+
+        For tests and the demo, which keep mock device files in their own state directory.
+        """
+        _absolute_path(mock_dir)
+        sources = tuple(
+            source.model_copy(
+                update={"static": source.static.model_copy(update={"mock_dir": mock_dir})}
+            )
+            if source.static is not None and source.static.mock_dir is not None
+            else source
+            for source in self.sources
+        )
+        return self.model_copy(update={"sources": sources})
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """A YAML loader that refuses duplicate keys instead of keeping the last one."""
+
+
+def _mapping_without_duplicates(loader: _StrictLoader, node: yaml.MappingNode) -> dict[Any, Any]:
+    seen: set[Any] = set()
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=True)
+        if key in seen:
+            mark = key_node.start_mark
+            raise yaml.constructor.ConstructorError(
+                None, None, f"duplicate key {key!r} (line {mark.line + 1})", mark
+            )
+        seen.add(key)
+    return dict(loader.construct_mapping(node, deep=True))
+
+
+_StrictLoader.add_constructor(
+    yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping_without_duplicates
+)
+
+
+def format_location(location: tuple[int | str, ...]) -> str:
+    """``('sources', 0, 'static', 'name')`` -> ``sources[0].static.name``."""
+    out = ""
+    for part in location:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif part == "[key]":
+            out += " (key)"
+        elif re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", part):
+            out += f".{part}" if out else part
+        else:
+            out += f"[{part!r}]"
+    return out
+
+
+def _messages(error: ValidationError) -> list[str]:
+    out = []
+    for detail in error.errors(include_url=False):
+        cause = detail.get("ctx", {}).get("error")
+        if detail["type"] == "extra_forbidden":
+            message = "unknown key (check its spelling and indentation)"
+        elif cause is not None:
+            message = str(cause)
+        else:
+            message = detail["msg"]
+        location = format_location(tuple(detail["loc"]))
+        out.append(f"{location}: {message}" if location else message)
+    return out
+
+
+def parse_config(text: str, file: str = "<config>") -> DriverConfig:
+    """Validate a configuration given as YAML text; ``file`` names it in errors."""
+    try:
+        data = yaml.load(text, Loader=_StrictLoader)
+    except yaml.YAMLError as err:
+        raise ConfigError(file, [f"not valid YAML: {err}"]) from err
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(file, [f"the top level must be a mapping, not {type(data).__name__}"])
+    try:
+        return DriverConfig.model_validate(data)
+    except ValidationError as err:
+        raise ConfigError(file, _messages(err)) from err
+
+
+def load_config(path: str | os.PathLike[str]) -> DriverConfig:
+    """Read and validate the configuration file; raises :class:`ConfigError`."""
+    file = str(path)
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as err:
+        raise ConfigError(file, [f"cannot read the configuration file: {err.strerror}"]) from err
+    return parse_config(text, file)

@@ -1,0 +1,135 @@
+"""Kubernetes name formats used by resource.k8s.io/v1 objects, checked like the apiserver does.
+
+Every check returns the value unchanged or raises ``ValueError`` with a message that says
+what kind of name it is and what the rule is, so it can be used directly as a pydantic
+validator.
+"""
+
+from __future__ import annotations
+
+import re
+
+DNS_LABEL_MAX_LENGTH = 63
+DNS_SUBDOMAIN_MAX_LENGTH = 253
+DRIVER_NAME_MAX_LENGTH = 63
+C_IDENTIFIER_MAX_LENGTH = 32
+LABEL_VALUE_MAX_LENGTH = 63
+
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+_C_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_LABEL_PART = re.compile(r"([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]")
+
+
+def validate_dns_label(value: str, what: str = "name") -> str:
+    """A DNS label (RFC 1123): device, counter set and counter names."""
+    if len(value) > DNS_LABEL_MAX_LENGTH:
+        raise ValueError(
+            f"{what} {value!r} is {len(value)} characters long; at most "
+            f"{DNS_LABEL_MAX_LENGTH} are allowed"
+        )
+    if not _DNS_LABEL.fullmatch(value):
+        raise ValueError(
+            f"{what} {value!r} is not a DNS label: use lowercase letters, digits and '-', "
+            "starting and ending with a letter or digit"
+        )
+    return value
+
+
+def validate_dns_subdomain(value: str, what: str = "name") -> str:
+    """A DNS subdomain (RFC 1123): object names, node names."""
+    if len(value) > DNS_SUBDOMAIN_MAX_LENGTH:
+        raise ValueError(
+            f"{what} {value!r} is {len(value)} characters long; at most "
+            f"{DNS_SUBDOMAIN_MAX_LENGTH} are allowed"
+        )
+    if not _DNS_SUBDOMAIN.fullmatch(value):
+        raise ValueError(
+            f"{what} {value!r} is not a DNS subdomain: use lowercase letters, digits, '-' and "
+            "'.', each dot-separated part starting and ending with a letter or digit"
+        )
+    return value
+
+
+def validate_driver_name(value: str, what: str = "driver name") -> str:
+    """A driver name, which is also the domain of qualified attribute names."""
+    if len(value) > DRIVER_NAME_MAX_LENGTH:
+        raise ValueError(
+            f"{what} {value!r} is {len(value)} characters long; at most "
+            f"{DRIVER_NAME_MAX_LENGTH} are allowed"
+        )
+    return validate_dns_subdomain(value, what)
+
+
+def validate_c_identifier(value: str, what: str = "identifier") -> str:
+    if len(value) > C_IDENTIFIER_MAX_LENGTH:
+        raise ValueError(
+            f"{what} {value!r} is {len(value)} characters long; at most "
+            f"{C_IDENTIFIER_MAX_LENGTH} are allowed"
+        )
+    if not _C_IDENTIFIER.fullmatch(value):
+        raise ValueError(
+            f"{what} {value!r} is not a C identifier: use letters, digits and '_', "
+            "not starting with a digit"
+        )
+    return value
+
+
+def validate_qualified_name(value: str, what: str = "attribute name") -> str:
+    """``<C identifier>`` or ``<domain>/<C identifier>`` (attribute and capacity names)."""
+    parts = value.split("/")
+    if len(parts) == 1:
+        validate_c_identifier(value, what)
+        return value
+    if len(parts) > 2:
+        raise ValueError(f"{what} {value!r} has more than one '/'; use <domain>/<identifier>")
+    domain, name = parts
+    if not domain:
+        raise ValueError(f"{what} {value!r} has an empty domain before '/'")
+    if not name:
+        raise ValueError(f"{what} {value!r} has an empty identifier after '/'")
+    validate_driver_name(domain, f"domain of {what} {value!r}:")
+    validate_c_identifier(name, f"{what} {value!r}: identifier")
+    return value
+
+
+def qualify(name: str, domain: str) -> str:
+    """The fully qualified attribute or capacity name: ``model`` -> ``<domain>/model``."""
+    return name if "/" in name else f"{domain}/{name}"
+
+
+def validate_label_name(value: str, what: str = "label name") -> str:
+    """A label name (``[prefix/]name``), the format of taint keys."""
+    prefix, sep, name = value.rpartition("/")
+    if sep:
+        if not prefix:
+            raise ValueError(f"{what} {value!r} has an empty prefix before '/'")
+        validate_dns_subdomain(prefix, f"prefix of {what} {value!r}:")
+    if not name:
+        raise ValueError(f"{what} {value!r} has an empty name")
+    if len(name) > DNS_LABEL_MAX_LENGTH:
+        raise ValueError(
+            f"{what} {value!r}: the name part is {len(name)} characters long; at most "
+            f"{DNS_LABEL_MAX_LENGTH} are allowed"
+        )
+    if not _LABEL_PART.fullmatch(name):
+        raise ValueError(
+            f"{what} {value!r}: the name part must consist of letters, digits, '-', '_' and '.', "
+            "starting and ending with a letter or digit"
+        )
+    return value
+
+
+def validate_label_value(value: str, what: str = "label value") -> str:
+    """A label value (may be empty), the format of taint values."""
+    if len(value) > LABEL_VALUE_MAX_LENGTH:
+        raise ValueError(
+            f"{what} {value!r} is {len(value)} characters long; at most "
+            f"{LABEL_VALUE_MAX_LENGTH} are allowed"
+        )
+    if value and not _LABEL_PART.fullmatch(value):
+        raise ValueError(
+            f"{what} {value!r} must consist of letters, digits, '-', '_' and '.', "
+            "starting and ending with a letter or digit"
+        )
+    return value
