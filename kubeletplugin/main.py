@@ -136,6 +136,7 @@ class Plugin:
             metrics=self.metrics,
         )
         self.helper = KubeletPluginHelper(self.driver, self.paths)
+        self.helper.registration.on_registered = self.metrics.registrations.inc
         self.publisher = SlicePublisher(self.client, self.driver_name, self.node, self._slices)
 
     def _slices(self, generation: int) -> list[dict[str, object]]:

@@ -219,6 +219,40 @@ class LocalCluster:
             shutil.rmtree(self.layout.state_dir, ignore_errors=True)
         log.info("cluster is down")
 
+    def restart_component(self, name: str, timeout: float = 90) -> None:
+        """Stop one component and start it again with the same command line (e.g. the kubelet)."""
+        state = self.state()
+        if state is None:
+            raise ClusterError("no local cluster is running")
+        index = next((i for i, c in enumerate(state.components) if c.name == name), None)
+        if index is None:
+            raise ClusterError(f"the cluster has no component {name!r}")
+        old = state.components[index]
+        if not old.argv:
+            raise ClusterError(
+                f"{name} was started by an older dradriver that did not record its command "
+                "line; restart the cluster (`dradriver cluster down`, then `up`)"
+            )
+        old.stop()
+        component = Component(name, old.argv, self.layout.workdir(name), Path(old.log))
+        state.components[index] = component.record
+        state.save(self.layout.state_file)
+        if name == "kubelet":
+            healthz = f"http://127.0.0.1:{self.layout.ports.kubelet_healthz}/healthz"
+            wait_for(
+                "kubelet /healthz after restart",
+                lambda: httpx.get(healthz, timeout=2).status_code == 200,
+                timeout,
+                [component],
+            )
+            with self.api() as api:
+                wait_for(
+                    f"node {state.node_name} Ready after restart",
+                    lambda: node_ready(api, state.node_name),
+                    timeout,
+                    [component],
+                )
+
     def api(self) -> AdminAPI:
         """An admin client for the apiserver."""
         return AdminAPI(self.layout.apiserver_url, self.layout.pki)

@@ -13,7 +13,7 @@ import os
 import signal
 import subprocess
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 
@@ -48,6 +48,7 @@ class ProcessRecord:
     pid: int
     exe: str
     log: str
+    argv: list[str] = field(default_factory=list)
 
     def alive(self) -> bool:
         try:
@@ -121,7 +122,11 @@ class Component:
                 start_new_session=True,
             )
         self.record = ProcessRecord(
-            name=name, pid=self._proc.pid, exe=os.path.realpath(argv[0]), log=str(log_path)
+            name=name,
+            pid=self._proc.pid,
+            exe=os.path.realpath(argv[0]),
+            log=str(log_path),
+            argv=list(argv),
         )
 
     def check(self) -> None:

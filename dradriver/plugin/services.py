@@ -53,6 +53,7 @@ class RegistrationService(pluginregistration_v1_pb2_grpc.RegistrationServicer): 
         self.registered = asyncio.Event()
         self.last_error = ""
         self.registrations = 0
+        self.on_registered: Callable[[], None] | None = None
 
     async def GetInfo(self, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
         # The kubelet gives GetInfo one second: no I/O here.
@@ -70,6 +71,8 @@ class RegistrationService(pluginregistration_v1_pb2_grpc.RegistrationServicer): 
             self.registrations += 1
             self.last_error = ""
             self.registered.set()
+            if self.on_registered is not None:
+                self.on_registered()
             log.info(
                 "registered with the kubelet",
                 driver=self.driver_name,

@@ -1,0 +1,559 @@
+"""dradriver's kubelet plugin on the real cluster: the kubelet, scheduler and apiserver are real."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import ssl
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+
+from dradriver.cdi import CDIRegistry
+from dradriver.cluster.api import AdminAPI, path_for, wait_until
+from dradriver.cluster.local import LocalCluster
+from dradriver.cluster.nodeplugin import NodePlugin, node_slices, start_node_plugin
+from dradriver.kube.paths import RESOURCE_V1
+from dradriver.ledger import Ledger
+
+DRIVER = "dradriver.dev"
+NODE = "node-1"
+R = RESOURCE_V1
+# Survives one kubelet prepare retry after a failure or Node-authorizer lag.
+DEADLINE = 90
+PLAIN_DEVICES = 6
+ALL_DEVICES = PLAIN_DEVICES + 4
+
+Obj = dict[str, Any]
+
+
+def _config(work: Path) -> Obj:
+    return {
+        "driverName": DRIVER,
+        "counterSets": [{"name": "card-0", "counters": {"memory": "32Gi"}}],
+        "sources": [
+            {
+                "static": {
+                    "mockDir": str(work / "mock"),
+                    "devices": [
+                        {
+                            "namePrefix": "dev",
+                            "count": PLAIN_DEVICES,
+                            "attributes": {"kind": "plain"},
+                        },
+                        {
+                            "name": "part-a",
+                            "attributes": {"kind": "partition"},
+                            "consumesCounters": [
+                                {"counterSet": "card-0", "counters": {"memory": "16Gi"}}
+                            ],
+                        },
+                        {
+                            "name": "part-b",
+                            "attributes": {"kind": "partition"},
+                            "consumesCounters": [
+                                {"counterSet": "card-0", "counters": {"memory": "16Gi"}}
+                            ],
+                        },
+                        {
+                            "name": "part-whole",
+                            "attributes": {"kind": "partition"},
+                            "consumesCounters": [
+                                {"counterSet": "card-0", "counters": {"memory": "32Gi"}}
+                            ],
+                        },
+                        {
+                            "name": "shared-0",
+                            "attributes": {"kind": "shared"},
+                            "allowMultipleAllocations": True,
+                            "capacity": {
+                                "memory": {
+                                    "value": "16Gi",
+                                    "requestPolicy": {
+                                        "default": "4Gi",
+                                        "validRange": {"min": "1Gi"},
+                                    },
+                                }
+                            },
+                        },
+                    ],
+                }
+            }
+        ],
+        "hooks": {
+            "setup": {"command": ["sh", str(work / "setup.sh")], "timeoutSeconds": 120},
+            "teardown": {"command": ["sh", str(work / "teardown.sh")], "timeoutSeconds": 30},
+        },
+    }
+
+
+@pytest.fixture(scope="module")
+def plugin(local_cluster: LocalCluster) -> Iterator[NodePlugin]:
+    work = Path("/tmp/dradriver-test-plugin")
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(mode=0o700)
+    (work / "setup.sh").write_text(
+        f'echo "setup $DRADRIVER_CLAIM_UID $DRADRIVER_DEVICE profile=$DRADRIVER_PROFILE" '
+        f">> {work}/hooks.log\n"
+        f"if [ -e {work}/block-setup ]; then touch {work}/setup-started; sleep 120; fi\n"
+    )
+    (work / "teardown.sh").write_text(
+        f'echo "teardown $DRADRIVER_CLAIM_UID $DRADRIVER_DEVICE" >> {work}/hooks.log\n'
+    )
+    config = work / "config.yaml"
+    config.write_text(yaml.safe_dump(_config(work)))
+    with local_cluster.api() as api:
+        for kind in ("plain", "partition", "shared"):
+            name = f"{DRIVER}-{kind}"
+            api.delete(path_for(R, "deviceclasses", name=name))
+            api.create(
+                path_for(R, "deviceclasses"),
+                {
+                    "metadata": {"name": name},
+                    "spec": {
+                        "selectors": [
+                            {
+                                "cel": {
+                                    "expression": f'device.driver == "{DRIVER}" && '
+                                    f'device.attributes["{DRIVER}"].kind == "{kind}"'
+                                }
+                            }
+                        ]
+                    },
+                },
+            )
+        node_plugin = start_node_plugin(local_cluster, api, config, work)
+    try:
+        yield node_plugin
+    finally:
+        node_plugin.stop()
+
+
+@pytest.fixture
+def published(plugin: NodePlugin, api: AdminAPI) -> NodePlugin:
+    """The plugin is running and registered, and the node's slices are all there."""
+    if plugin.proc is None:
+        plugin.start()
+    plugin.wait_ready()
+
+    def all_there() -> bool:
+        slices = node_slices(api, NODE, DRIVER)
+        return sum(len(s["spec"].get("devices", [])) for s in slices) == ALL_DEVICES
+
+    wait_until("the node's slices", all_there, 60)
+    return plugin
+
+
+# ----- helpers ----------------------------------------------------------------
+
+
+def claim_spec(
+    cls: str,
+    count: int = 1,
+    config: list[Obj] | None = None,
+    capacity: str | None = None,
+    selector: str | None = None,
+) -> Obj:
+    exactly: Obj = {"deviceClassName": f"{DRIVER}-{cls}", "count": count}
+    if capacity:
+        exactly["capacity"] = {"requests": {f"{DRIVER}/memory": capacity}}
+    if selector:
+        exactly["selectors"] = [{"cel": {"expression": selector}}]
+    devices: Obj = {"requests": [{"name": "dev", "exactly": exactly}]}
+    if config:
+        devices["config"] = config
+    return {"devices": devices}
+
+
+def make_claim(api: AdminAPI, ns: str, name: str, spec: Obj) -> None:
+    api.create(path_for(R, "resourceclaims", ns), {"metadata": {"name": name}, "spec": spec})
+
+
+def make_template(api: AdminAPI, ns: str, name: str, spec: Obj) -> None:
+    api.create(
+        path_for(R, "resourceclaimtemplates", ns),
+        {"metadata": {"name": name}, "spec": {"spec": spec}},
+    )
+
+
+def make_pod(
+    api: AdminAPI,
+    ns: str,
+    name: str,
+    *,
+    claim: str | None = None,
+    template: str | None = None,
+    containers: int = 1,
+) -> None:
+    ref: Obj = {"name": "dev"}
+    if claim:
+        ref["resourceClaimName"] = claim
+    else:
+        ref["resourceClaimTemplateName"] = template
+    api.create(
+        path_for("v1", "pods", ns),
+        {
+            "metadata": {"name": name},
+            "spec": {
+                "terminationGracePeriodSeconds": 0,
+                "resourceClaims": [ref],
+                "containers": [
+                    {
+                        "name": f"c{i}",
+                        "image": "registry.k8s.io/pause:3.10",
+                        "resources": {"claims": [{"name": "dev"}]},
+                    }
+                    for i in range(containers)
+                ],
+            },
+        },
+    )
+
+
+def wait_running(api: AdminAPI, ns: str, name: str) -> Obj:
+    def running() -> Obj | None:
+        pod = api.get(path_for("v1", "pods", ns, name))
+        return pod if pod.get("status", {}).get("phase") == "Running" else None
+
+    try:
+        return wait_until(f"pod {ns}/{name} Running", running, DEADLINE)
+    except TimeoutError as e:
+        raise AssertionError(f"{e}; events: {pod_events(api, ns, name)}") from e
+
+
+def wait_pod_gone(api: AdminAPI, ns: str, name: str) -> None:
+    api.delete(path_for("v1", "pods", ns, name))
+    wait_until(
+        f"pod {ns}/{name} gone",
+        lambda: api.get_or_none(path_for("v1", "pods", ns, name)) is None,
+        DEADLINE,
+    )
+
+
+def pod_events(api: AdminAPI, ns: str, name: str) -> list[str]:
+    return [
+        f"{e['reason']}: {e.get('message', '')}"
+        for e in api.items(
+            path_for("v1", "events", ns), fieldSelector=f"involvedObject.name={name}"
+        )
+    ]
+
+
+def pod_claim(api: AdminAPI, ns: str, pod: str) -> Obj:
+    obj = api.get(path_for("v1", "pods", ns, pod))
+    for status in obj.get("status", {}).get("resourceClaimStatuses", []):
+        return api.get(path_for(R, "resourceclaims", ns, status["resourceClaimName"]))
+    claim_name = obj["spec"]["resourceClaims"][0]["resourceClaimName"]
+    return api.get(path_for(R, "resourceclaims", ns, claim_name))
+
+
+def kubelet_cdi_ids(local_cluster: LocalCluster, claim_uid: str) -> list[str]:
+    """The CDI IDs the kubelet stored for a claim (its DRA checkpoint)."""
+    outer = json.loads((local_cluster.layout.kubelet_root / "dra_manager_state").read_text())
+    for info in json.loads(outer["Data"])["ClaimInfoStateList"]:
+        if info["ClaimUID"] == claim_uid:
+            return [i for d in info["DriverState"][DRIVER]["Devices"] for i in d["CDIDeviceIDs"]]
+    return []
+
+
+def hook_lines(plugin: NodePlugin, kind: str, claim_uid: str) -> list[str]:
+    log = plugin.workdir / "hooks.log"
+    lines = log.read_text().splitlines() if log.exists() else []
+    return [line for line in lines if line.startswith(f"{kind} {claim_uid} ")]
+
+
+def ledger(plugin: NodePlugin) -> Ledger:
+    return Ledger.load(plugin.state_dir / "ledger.json")
+
+
+def cdi(plugin: NodePlugin) -> CDIRegistry:
+    return CDIRegistry(plugin.cdi_dir, DRIVER)
+
+
+# ----- tests --------------------------------------------------------------------
+
+
+def test_pod_gets_a_device_whose_cdi_ids_resolve(
+    published: NodePlugin, api: AdminAPI, namespace: str, local_cluster: LocalCluster
+) -> None:
+    make_template(api, namespace, "one", claim_spec("plain"))
+    make_pod(api, namespace, "p", template="one")
+    wait_running(api, namespace, "p")
+    claim = pod_claim(api, namespace, "p")
+    result = claim["status"]["allocation"]["devices"]["results"][0]
+    ids = kubelet_cdi_ids(local_cluster, claim["metadata"]["uid"])
+    assert len(ids) == 1 and ids[0].startswith(f"{DRIVER}/device=")
+    edits = cdi(published).resolve_many(ids)
+    assert edits.device_nodes[0].host_path == str(published.workdir / "mock" / result["device"])
+    assert edits.device_nodes[0].path == f"/dev/dradriver/{result['device']}"
+    assert edits.env["DRADRIVER_CLAIM"] == f"{namespace}/{claim['metadata']['name']}"
+    assert len(hook_lines(published, "setup", claim["metadata"]["uid"])) == 1
+
+
+def test_shared_claim_is_prepared_once_and_unprepared_after_the_last_pod(
+    published: NodePlugin, api: AdminAPI, namespace: str
+) -> None:
+    make_claim(api, namespace, "shared", claim_spec("plain"))
+    for i in range(3):
+        make_pod(api, namespace, f"p{i}", claim="shared")
+    for i in range(3):
+        wait_running(api, namespace, f"p{i}")
+    uid = api.get(path_for(R, "resourceclaims", namespace, "shared"))["metadata"]["uid"]
+    assert len(hook_lines(published, "setup", uid)) == 1
+    for i in range(2):
+        wait_pod_gone(api, namespace, f"p{i}")
+    entry = ledger(published).get_claim(uid)
+    assert entry is not None and entry.state == "prepared"
+    assert cdi(published).read_claim(uid) is not None
+    wait_pod_gone(api, namespace, "p2")
+    wait_until("claim unprepared", lambda: ledger(published).get_claim(uid) is None, DEADLINE)
+    assert cdi(published).read_claim(uid) is None
+    assert len(hook_lines(published, "teardown", uid)) == 1
+
+
+def test_two_containers_of_one_pod_share_a_claim(
+    published: NodePlugin, api: AdminAPI, namespace: str, local_cluster: LocalCluster
+) -> None:
+    make_template(api, namespace, "one", claim_spec("plain"))
+    make_pod(api, namespace, "p", template="one", containers=2)
+    pod = wait_running(api, namespace, "p")
+    assert len(pod["status"]["containerStatuses"]) == 2
+    uid = pod_claim(api, namespace, "p")["metadata"]["uid"]
+    assert len(kubelet_cdi_ids(local_cluster, uid)) == 1
+    assert len(hook_lines(published, "setup", uid)) == 1
+
+
+def _opaque(**params: Any) -> list[Obj]:
+    return [
+        {
+            "opaque": {
+                "driver": DRIVER,
+                "parameters": {
+                    "apiVersion": f"{DRIVER}/v1alpha1",
+                    "kind": "DeviceConfig",
+                    **params,
+                },
+            }
+        }
+    ]
+
+
+def test_opaque_config_reaches_the_hook_and_the_container(
+    published: NodePlugin, api: AdminAPI, namespace: str, local_cluster: LocalCluster
+) -> None:
+    spec = claim_spec("plain", config=_opaque(profile="fast", env={"MODE": "turbo"}))
+    make_template(api, namespace, "cfg", spec)
+    make_pod(api, namespace, "p", template="cfg")
+    wait_running(api, namespace, "p")
+    uid = pod_claim(api, namespace, "p")["metadata"]["uid"]
+    [line] = hook_lines(published, "setup", uid)
+    assert line.endswith("profile=fast")
+    edits = cdi(published).resolve_many(kubelet_cdi_ids(local_cluster, uid))
+    assert edits.env["MODE"] == "turbo"
+
+
+def test_bad_opaque_config_keeps_the_pod_pending_with_an_event_naming_the_field(
+    published: NodePlugin, api: AdminAPI, namespace: str
+) -> None:
+    make_template(api, namespace, "bad", claim_spec("plain", config=_opaque(env={"1BAD": "x"})))
+    make_pod(api, namespace, "p", template="bad")
+
+    def failed_event() -> str | None:
+        for event in pod_events(api, namespace, "p"):
+            if event.startswith("FailedPrepareDynamicResources") and "field env" in event:
+                return event
+        return None
+
+    event = wait_until("FailedPrepareDynamicResources naming the field", failed_event, DEADLINE)
+    assert "invalid opaque config" in event
+    assert api.get(path_for("v1", "pods", namespace, "p"))["status"]["phase"] == "Pending"
+    uid = pod_claim(api, namespace, "p")["metadata"]["uid"]
+    assert ledger(published).get_claim(uid) is None
+
+
+def test_kill_during_setup_then_restart_leaks_nothing(
+    published: NodePlugin, api: AdminAPI, namespace: str
+) -> None:
+    block, started = published.workdir / "block-setup", published.workdir / "setup-started"
+    started.unlink(missing_ok=True)
+    block.touch()
+    try:
+        make_template(api, namespace, "one", claim_spec("plain"))
+        make_pod(api, namespace, "p", template="one")
+        wait_until("the setup hook to start", started.exists, DEADLINE)
+        published.kill()
+    finally:
+        block.unlink(missing_ok=True)
+    uid = pod_claim(api, namespace, "p")["metadata"]["uid"]
+    crashed = ledger(published).get_claim(uid)
+    assert crashed is not None and crashed.state == "preparing", "the crash left no started entry"
+    published.start()
+    published.wait_ready()
+    wait_running(api, namespace, "p")
+    claim = pod_claim(api, namespace, "p")
+    device = claim["status"]["allocation"]["devices"]["results"][0]["device"]
+    book = ledger(published)
+    entry = book.get_claim(uid)
+    assert entry is not None and entry.state == "prepared"
+    holders = book.holders(NODE, device)
+    assert len(holders) == 1 and uid in holders[0].describe()
+    assert cdi(published).claim_uids_on_disk() == {c.uid for c in book.claims()}
+    # The interrupted attempt was rolled back (teardown) before the retry set it up again.
+    assert len(hook_lines(published, "setup", uid)) == 2
+    assert len(hook_lines(published, "teardown", uid)) == 1
+
+
+def test_kubelet_restart_reregisters_and_republishes(
+    published: NodePlugin, api: AdminAPI, local_cluster: LocalCluster
+) -> None:
+    def registrations() -> float:
+        for line in published.metrics().splitlines():
+            if line.startswith("dradriver_kubelet_registrations_total "):
+                return float(line.split()[1])
+        return 0.0
+
+    before = registrations()
+    slice_uids = {s["metadata"]["uid"] for s in node_slices(api, NODE, DRIVER)}
+    local_cluster.restart_component("kubelet")
+    wait_until("re-registration", lambda: registrations() > before, DEADLINE)
+
+    def republished() -> bool:
+        slices = node_slices(api, NODE, DRIVER)
+        count = sum(len(s["spec"].get("devices", [])) for s in slices)
+        # The kubelet deletes the node's slices at start; new ones have new UIDs.
+        return count == ALL_DEVICES and not ({s["metadata"]["uid"] for s in slices} & slice_uids)
+
+    wait_until("slices republished after the kubelet's wipe", republished, DEADLINE)
+    assert published.proc is not None and published.proc.poll() is None
+
+
+def test_wiped_cdi_dir_is_regenerated_at_start(
+    published: NodePlugin, api: AdminAPI, namespace: str, local_cluster: LocalCluster
+) -> None:
+    make_template(api, namespace, "one", claim_spec("plain"))
+    make_pod(api, namespace, "p", template="one")
+    wait_running(api, namespace, "p")
+    uid = pod_claim(api, namespace, "p")["metadata"]["uid"]
+    before = cdi(published).read_claim(uid)
+    published.stop()
+    shutil.rmtree(published.cdi_dir)  # what a reboot does to /var/run/cdi
+    published.start()
+    published.wait_ready()
+    assert cdi(published).read_claim(uid) == before
+    assert cdi(published).resolve_many(kubelet_cdi_ids(local_cluster, uid)).device_nodes
+
+
+def test_partitionable_devices_share_counters(
+    published: NodePlugin, api: AdminAPI, namespace: str
+) -> None:
+    make_template(api, namespace, "two", claim_spec("partition", count=2))
+    make_pod(api, namespace, "p", template="two")
+    wait_running(api, namespace, "p")
+    results = pod_claim(api, namespace, "p")["status"]["allocation"]["devices"]["results"]
+    # part-whole needs the card's whole 32Gi, so two devices can only be the halves.
+    assert sorted(r["device"] for r in results) == ["part-a", "part-b"]
+    make_template(api, namespace, "one", claim_spec("partition"))
+    make_pod(api, namespace, "q", template="one")
+
+    def unschedulable() -> bool:
+        pod = api.get(path_for("v1", "pods", namespace, "q"))
+        return any(
+            c["type"] == "PodScheduled" and c.get("reason") == "Unschedulable"
+            for c in pod.get("status", {}).get("conditions", [])
+        )
+
+    wait_until("the scheduler to find no counters left", unschedulable, DEADLINE)
+
+
+def test_consumable_capacity_shares_one_device(
+    published: NodePlugin, api: AdminAPI, namespace: str, local_cluster: LocalCluster
+) -> None:
+    make_template(api, namespace, "slice", claim_spec("shared", capacity="8Gi"))
+    for name in ("a", "b"):
+        make_pod(api, namespace, name, template="slice")
+    results = []
+    for name in ("a", "b"):
+        wait_running(api, namespace, name)
+        claim = pod_claim(api, namespace, name)
+        [result] = claim["status"]["allocation"]["devices"]["results"]
+        results.append((result, kubelet_cdi_ids(local_cluster, claim["metadata"]["uid"])))
+    assert {r["device"] for r, _ in results} == {"shared-0"}
+    assert results[0][0]["shareID"] != results[1][0]["shareID"]
+    assert results[0][1] != results[1][1]
+    assert all(r["consumedCapacity"][f"{DRIVER}/memory"] == "8Gi" for r, _ in results)
+
+
+def test_unhealthy_device_is_tainted_and_not_allocated(
+    published: NodePlugin, api: AdminAPI, namespace: str
+) -> None:
+    mock = published.workdir / "mock" / "dev-5"
+    content = mock.read_bytes()
+
+    def taints_of(device: str) -> list[Obj]:
+        for s in node_slices(api, NODE, DRIVER):
+            for d in s["spec"].get("devices", []):
+                if d["name"] == device:
+                    return list(d.get("taints", []))
+        return []
+
+    mock.unlink()
+    try:
+        wait_until(
+            "dev-5 tainted",
+            lambda: any(t["key"] == f"{DRIVER}/unhealthy" for t in taints_of("dev-5")),
+            DEADLINE,
+        )
+        only_dev5 = claim_spec("plain", selector='device.attributes["dradriver.dev"].index == 5')
+        make_template(api, namespace, "dev5", only_dev5)
+        make_pod(api, namespace, "p", template="dev5")
+
+        def unschedulable() -> bool:
+            pod = api.get(path_for("v1", "pods", namespace, "p"))
+            return any(
+                c["type"] == "PodScheduled" and c.get("reason") == "Unschedulable"
+                for c in pod.get("status", {}).get("conditions", [])
+            )
+
+        wait_until("the scheduler to refuse the tainted device", unschedulable, DEADLINE)
+    finally:
+        mock.write_bytes(content)
+        mock.chmod(0o600)
+    wait_until("dev-5 untainted", lambda: not taints_of("dev-5"), DEADLINE)
+    wait_running(api, namespace, "p")
+
+
+def test_plugin_identity_cannot_write_another_nodes_slices(
+    published: NodePlugin, local_cluster: LocalCluster
+) -> None:
+    kubeconfig = yaml.safe_load(published.kubeconfig.read_text())
+    token = kubeconfig["users"][0]["user"]["token"]
+    tls = ssl.create_default_context(cafile=str(local_cluster.layout.pki / "ca.crt"))
+    headers = {"Authorization": f"Bearer {token}"}
+
+    def slice_for(node: str, name: str) -> Obj:
+        return {
+            "apiVersion": R,
+            "kind": "ResourceSlice",
+            "metadata": {"name": name},
+            "spec": {
+                "driver": DRIVER,
+                "nodeName": node,
+                "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
+                "devices": [{"name": "x"}],
+            },
+        }
+
+    with httpx.Client(
+        base_url=local_cluster.layout.apiserver_url, verify=tls, headers=headers
+    ) as client:
+        denied = client.post(path_for(R, "resourceslices"), json=slice_for("node-2", "evil"))
+        assert denied.status_code == 403, denied.text
+        assert "may only write ResourceSlices of that node" in denied.json()["message"]
+        own = client.post(path_for(R, "resourceslices"), json=slice_for(NODE, "own-probe"))
+        assert own.status_code == 201, own.text
+        gone = client.delete(path_for(R, "resourceslices", name="own-probe"))
+        assert gone.status_code == 200, gone.text
