@@ -1,20 +1,38 @@
-"""``dradriver demo``: the local cluster end to end, printed as a timeline."""
+"""``dradriver demo``: the driver on a real local cluster, printed as a timeline.
+
+It starts (or reuses) the local cluster, runs dradriver's kubelet plugin for
+node-1 with four mock devices, and creates three pods: one with its own claim
+(from a template) and two sharing one claim. For every pod it prints when its
+claim was allocated, prepared and the pod started, then what each container
+gets from the CDI specs the plugin wrote. Finally it deletes the pods, shows
+the devices being released, and stops what it started.
+"""
 
 from __future__ import annotations
 
+import shutil
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
 
 from dradriver import DEFAULT_DRIVER_NAME
-from dradriver.cluster import example
-from dradriver.cluster.api import AdminAPI, path_for
+from dradriver.cdi import CDIRegistry
+from dradriver.cluster.api import AdminAPI, path_for, wait_until
 from dradriver.cluster.config import Layout
-from dradriver.cluster.local import running_cluster
+from dradriver.cluster.kubeletstate import kubelet_cdi_ids
+from dradriver.cluster.local import LocalCluster, running_cluster
+from dradriver.cluster.nodeplugin import NodePlugin, start_node_plugin, wait_for_slices
 from dradriver.kube.paths import RESOURCE_V1
 
 NAMESPACE = "dradriver-demo"
-CLASS = f"example.{DEFAULT_DRIVER_NAME}"
+DRIVER = DEFAULT_DRIVER_NAME
+PAUSE = "registry.k8s.io/pause:3.10"
+Obj = dict[str, Any]
 
 
 @dataclass
@@ -25,79 +43,168 @@ class Timeline:
         print(f"{time.monotonic() - self.start:7.2f}s  {text}", flush=True)
 
 
-def _pod_events(api: AdminAPI, pod: str) -> list[dict[str, str]]:
-    return api.items(
-        path_for("v1", "events", NAMESPACE),
-        fieldSelector=f"involvedObject.kind=Pod,involvedObject.name={pod}",
-    )
+def _pod(name: str, claim_ref: Obj, containers: list[str]) -> Obj:
+    return {
+        "metadata": {"name": name},
+        "spec": {
+            "terminationGracePeriodSeconds": 0,
+            "resourceClaims": [{"name": "dev", **claim_ref}],
+            "containers": [
+                {"name": c, "image": PAUSE, "resources": {"claims": [{"name": "dev"}]}}
+                for c in containers
+            ],
+        },
+    }
 
 
-def run_demo(layout: Layout, gates: dict[str, bool], timeout: float = 90) -> int:
+def _one_device_spec() -> Obj:
+    return {"devices": {"requests": [{"name": "dev", "exactly": {"deviceClassName": DRIVER}}]}}
+
+
+def run_demo(layout: Layout, gates: dict[str, bool], timeout: float = 120) -> int:
     timeline = Timeline()
-    print("dradriver demo: a real Kubernetes 1.36 cluster on this machine", flush=True)
+    print("dradriver demo: the DRA driver on a real Kubernetes 1.36 cluster", flush=True)
     with running_cluster(layout, gates) as (cluster, state, started):
-        how = "started" if started else "reused running"
-        timeline.say(f"cluster {how}: node {state.node_name} Ready, kubeconfig {state.kubeconfig}")
-        with cluster.api() as api:
-            return _scenario(api, timeline, state.node_name, timeout)
+        how = "started" if started else "reused the running"
+        timeline.say(f"{how} cluster: node {state.node_name} Ready")
+        work = Path(tempfile.mkdtemp(prefix="dradriver-demo-"))
+        try:
+            with cluster.api() as api:
+                return _scenario(cluster, api, timeline, work, timeout)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
 
 
-def _scenario(api: AdminAPI, timeline: Timeline, node: str, timeout: float) -> int:
-    api.delete(path_for("v1", "namespaces", name=NAMESPACE))
-    while api.get_or_none(path_for("v1", "namespaces", name=NAMESPACE)):
-        time.sleep(0.2)
+def _scenario(
+    cluster: LocalCluster, api: AdminAPI, timeline: Timeline, work: Path, timeout: float
+) -> int:
+    node = cluster.layout.node_name
+    config = work / "config.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "driverName": DRIVER,
+                "sources": [
+                    {
+                        "static": {
+                            "mockDir": str(work / "mock"),
+                            "devices": [
+                                {
+                                    "namePrefix": "dev",
+                                    "count": 4,
+                                    "attributes": {"model": "mock-accelerator"},
+                                    "capacity": {"memory": "16Gi"},
+                                }
+                            ],
+                        }
+                    }
+                ],
+            }
+        )
+    )
+    plugin = start_node_plugin(cluster, api, config, work)
+    try:
+        timeline.say(f"dradriver-kubeletplugin registered with the kubelet on {node}")
+        wait_for_slices(api, node, DRIVER, 4)
+        timeline.say(f"ResourceSlice published: pool {node}, devices dev-0..dev-3")
+        return _workloads(cluster, api, plugin, timeline, timeout)
+    finally:
+        plugin.stop()
+        timeline.say("plugin stopped")
+
+
+def _workloads(
+    cluster: LocalCluster, api: AdminAPI, plugin: NodePlugin, timeline: Timeline, timeout: float
+) -> int:
+    if api.get_or_none(path_for("v1", "namespaces", name=NAMESPACE)):
+        api.delete(path_for("v1", "namespaces", name=NAMESPACE))
+        wait_until(
+            "old demo namespace gone",
+            lambda: api.get_or_none(path_for("v1", "namespaces", name=NAMESPACE)) is None,
+            timeout,
+        )
     api.create_namespace(NAMESPACE)
-    api.delete(path_for(RESOURCE_V1, "deviceclasses", name=CLASS))
-    api.create(path_for(RESOURCE_V1, "deviceclasses"), example.device_class(CLASS))
-    slice_obj = example.node_slice(node, devices=4)
-    api.delete(path_for(RESOURCE_V1, "resourceslices", name=slice_obj["metadata"]["name"]))
-    api.create(path_for(RESOURCE_V1, "resourceslices"), slice_obj)
-    timeline.say(f"DeviceClass {CLASS} and a ResourceSlice with 4 devices on {node} created")
     api.create(
         path_for(RESOURCE_V1, "resourceclaimtemplates", NAMESPACE),
-        example.claim_template("one-device", NAMESPACE, CLASS),
+        {"metadata": {"name": "one-device"}, "spec": {"spec": _one_device_spec()}},
     )
     api.create(
-        path_for("v1", "pods", NAMESPACE),
-        example.pod_with_template("demo", NAMESPACE, "one-device"),
+        path_for(RESOURCE_V1, "resourceclaims", NAMESPACE),
+        {"metadata": {"name": "shared"}, "spec": _one_device_spec()},
     )
-    timeline.say(f"Pod {NAMESPACE}/demo created, asking for one device via template one-device")
+    pods = {
+        "solo": _pod("solo", {"resourceClaimTemplateName": "one-device"}, ["main", "sidecar"]),
+        "shared-a": _pod("shared-a", {"resourceClaimName": "shared"}, ["main"]),
+        "shared-b": _pod("shared-b", {"resourceClaimName": "shared"}, ["main"]),
+    }
+    for pod in pods.values():
+        api.create(path_for("v1", "pods", NAMESPACE), pod)
+    timeline.say(
+        "created pod solo (own claim from template one-device, 2 containers) and "
+        "pods shared-a, shared-b (one ResourceClaim 'shared')"
+    )
 
     seen: set[str] = set()
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        pod = api.get(path_for("v1", "pods", NAMESPACE, "demo"))
-        claim_name = example.pod_claim_name(pod)
-        if claim_name and "claim" not in seen:
-            seen.add("claim")
-            timeline.say(f"ResourceClaim {NAMESPACE}/{claim_name} created from the template")
-        claim = (
-            api.get_or_none(path_for(RESOURCE_V1, "resourceclaims", NAMESPACE, claim_name))
-            if claim_name
-            else None
-        )
-        devices = example.allocated_devices(claim) if claim else []
-        if devices and "allocated" not in seen:
-            seen.add("allocated")
-            text = ", ".join(f"{dev} (pool {pool}, driver {drv})" for drv, pool, dev in devices)
-            timeline.say(f"claim allocated by the scheduler: {text}")
-        bound = pod.get("spec", {}).get("nodeName")
-        if bound and "bound" not in seen:
-            seen.add("bound")
-            timeline.say(f"pod scheduled to {bound}")
-        for event in _pod_events(api, "demo"):
-            if event.get("reason") == "FailedPrepareDynamicResources":
-                timeline.say(f"kubelet on {bound} waits for the driver: {event.get('message')}")
-                timeline.say("next: the dradriver kubelet plugin registers and prepares it")
-                _cleanup(api, slice_obj["metadata"]["name"])
-                return 0
-        time.sleep(0.2)
-    print(f"demo: timed out after {timeout:.0f}s; saw {sorted(seen)}", file=sys.stderr)
-    _cleanup(api, slice_obj["metadata"]["name"])
-    return 1
+    claims: dict[str, Obj] = {}
+    while len(seen) < 3 * len(pods) and time.monotonic() < deadline:
+        for name in pods:
+            pod = api.get(path_for("v1", "pods", NAMESPACE, name))
+            claim = _claim_of(api, pod)
+            if claim is None:
+                continue
+            claims[name] = claim
+            results = (
+                (claim.get("status", {}).get("allocation") or {})
+                .get("devices", {})
+                .get("results", [])
+            )
+            if results and f"{name}/allocated" not in seen:
+                seen.add(f"{name}/allocated")
+                devices = ", ".join(r["device"] for r in results)
+                timeline.say(f"{name}: claim {claim['metadata']['name']} allocated {devices}")
+            uid = claim["metadata"]["uid"]
+            if kubelet_cdi_ids(cluster.layout.kubelet_root, uid, DRIVER) and (
+                f"{name}/prepared" not in seen
+            ):
+                seen.add(f"{name}/prepared")
+                timeline.say(f"{name}: prepared by the plugin (CDI spec written)")
+            if pod.get("status", {}).get("phase") == "Running" and f"{name}/running" not in seen:
+                seen.add(f"{name}/running")
+                timeline.say(f"{name}: Running")
+        time.sleep(0.1)
+    if len(seen) < 3 * len(pods):
+        print(f"demo: timed out; saw {sorted(seen)}", file=sys.stderr)
+        return 1
 
+    print("\nWhat each container gets (CDI edits resolved from the specs on disk):")
+    registry = CDIRegistry(plugin.cdi_dir, DRIVER)
+    for name, pod in pods.items():
+        uid = claims[name]["metadata"]["uid"]
+        ids = kubelet_cdi_ids(cluster.layout.kubelet_root, uid, DRIVER)
+        edits = registry.resolve_many(ids)
+        for container in pod["spec"]["containers"]:
+            nodes = ", ".join(f"{d.path} (host {d.host_path})" for d in edits.device_nodes)
+            env = " ".join(f"{k}={v}" for k, v in sorted(edits.env.items()))
+            print(f"  {name}/{container['name']}: devices {nodes}\n      env {env}")
+    print()
 
-def _cleanup(api: AdminAPI, slice_name: str) -> None:
     api.delete(path_for("v1", "namespaces", name=NAMESPACE))
-    api.delete(path_for(RESOURCE_V1, "resourceslices", name=slice_name))
-    api.delete(path_for(RESOURCE_V1, "deviceclasses", name=CLASS))
+    wait_until("pods and claims released", lambda: not registry.claim_uids_on_disk(), timeout)
+    timeline.say("pods deleted: claims unprepared, CDI specs removed, devices free again")
+    wait_until(
+        "demo namespace gone",
+        lambda: api.get_or_none(path_for("v1", "namespaces", name=NAMESPACE)) is None,
+        timeout,
+    )
+    return 0
+
+
+def _claim_of(api: AdminAPI, pod: Obj) -> Obj | None:
+    ref = pod["spec"]["resourceClaims"][0]
+    name = ref.get("resourceClaimName")
+    for status in pod.get("status", {}).get("resourceClaimStatuses", []):
+        name = status.get("resourceClaimName") or name
+    if not name:
+        return None
+    return api.get_or_none(path_for(RESOURCE_V1, "resourceclaims", NAMESPACE, name))

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import shutil
 import ssl
 from collections.abc import Iterator
@@ -15,6 +14,7 @@ import yaml
 
 from dradriver.cdi import CDIRegistry
 from dradriver.cluster.api import AdminAPI, path_for, wait_until
+from dradriver.cluster.kubeletstate import kubelet_cdi_ids as read_kubelet_cdi_ids
 from dradriver.cluster.local import LocalCluster
 from dradriver.cluster.nodeplugin import NodePlugin, node_slices, start_node_plugin
 from dradriver.kube.paths import RESOURCE_V1
@@ -252,12 +252,7 @@ def pod_claim(api: AdminAPI, ns: str, pod: str) -> Obj:
 
 
 def kubelet_cdi_ids(local_cluster: LocalCluster, claim_uid: str) -> list[str]:
-    """The CDI IDs the kubelet stored for a claim (its DRA checkpoint)."""
-    outer = json.loads((local_cluster.layout.kubelet_root / "dra_manager_state").read_text())
-    for info in json.loads(outer["Data"])["ClaimInfoStateList"]:
-        if info["ClaimUID"] == claim_uid:
-            return [i for d in info["DriverState"][DRIVER]["Devices"] for i in d["CDIDeviceIDs"]]
-    return []
+    return read_kubelet_cdi_ids(local_cluster.layout.kubelet_root, claim_uid, DRIVER)
 
 
 def hook_lines(plugin: NodePlugin, kind: str, claim_uid: str) -> list[str]:

@@ -1,0 +1,27 @@
+"""Read what the kubelet recorded about prepared claims (its DRA checkpoint).
+
+Tests and the demo use it to see what a container would get: the fake runtime
+applies nothing, so the CDI IDs the kubelet stored are resolved against the
+spec files the driver wrote.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+
+def kubelet_cdi_ids(kubelet_root: Path, claim_uid: str, driver: str) -> list[str]:
+    """The CDI IDs the kubelet stored for ``driver``'s devices of a claim ([] if none)."""
+    try:
+        outer = json.loads((kubelet_root / "dra_manager_state").read_text())
+    except FileNotFoundError:
+        return []
+    for info in json.loads(outer["Data"])["ClaimInfoStateList"]:
+        if info["ClaimUID"] == claim_uid:
+            devices = info.get("DriverState", {}).get(driver, {}).get("Devices") or []
+            # Pods sharing a claim that start together can make the kubelet record the
+            # same device twice; the runtime applies a CDI device once, so dedupe.
+            ids = [cdi_id for d in devices for cdi_id in d.get("CDIDeviceIDs") or []]
+            return list(dict.fromkeys(ids))
+    return []
