@@ -22,13 +22,14 @@ the checksum covers the canonical JSON of ``data`` (sorted keys, compact).
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import json
 import os
 import re
 import tempfile
 import threading
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -406,6 +407,15 @@ def _claim_mode(device: ClaimDevice) -> _Mode:
     return "exclusive" if device.exclusive else "shared"
 
 
+def _signature(path: Path) -> tuple[int, int, int] | None:
+    """Identifies one version of the file (a rename gives a new inode)."""
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        return None
+    return (st.st_ino, st.st_mtime_ns, st.st_size)
+
+
 class Ledger:
     """Holds of this driver's devices on this node; every change is on disk before it returns."""
 
@@ -414,8 +424,49 @@ class Ledger:
         data = data or LedgerData()
         self._claims: dict[str, ClaimEntry] = {c.uid: c for c in data.claims}
         self._holds: dict[tuple[str, str], PluginHold] = {h.key: h for h in data.plugin_holds}
-        self._lock = threading.Lock()
+        self._thread_lock = threading.Lock()
         self.recovered_from_corruption: Path | None = None
+        self._seen = _signature(self.path)
+
+    @contextlib.contextmanager
+    def _lock(self) -> Iterator[None]:
+        """Exclusive access across threads and processes, with the latest state loaded.
+
+        During a rolling update two plugin processes share this ledger: an flock
+        on a side file serialises them, and a changed file is re-read first.
+        """
+        with self._thread_lock:
+            self.path.parent.mkdir(parents=True, exist_ok=True, mode=LEDGER_DIR_MODE)
+            fd = os.open(
+                self.path.with_name(self.path.name + ".lock"),
+                os.O_RDWR | os.O_CREAT,
+                LEDGER_FILE_MODE,
+            )
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                current = _signature(self.path)
+                if current != self._seen:
+                    self._reload()
+                yield
+            finally:
+                os.close(fd)
+
+    def _reload(self) -> None:
+        try:
+            raw = self.path.read_bytes()
+        except FileNotFoundError:
+            self._claims, self._holds = {}, {}
+        else:
+            try:
+                data = _decode(self.path, raw)
+            except LedgerCorruptError as err:
+                raise LedgerError(
+                    f"ledger {self.path} changed on disk and is now unreadable: {err.reason}; "
+                    "restart the plugin to recover"
+                ) from err
+            self._claims = {c.uid: c for c in data.claims}
+            self._holds = {h.key: h for h in data.plugin_holds}
+        self._seen = _signature(self.path)
 
     @classmethod
     def load(cls, path: Path | str) -> Ledger:
@@ -466,9 +517,10 @@ class Ledger:
             os.chmod(directory, LEDGER_DIR_MODE)
         _atomic_write(self.path, (json.dumps(doc, indent=2) + "\n").encode(), LEDGER_FILE_MODE)
         self._claims, self._holds = claims, holds
+        self._seen = _signature(self.path)
 
     def data(self) -> LedgerData:
-        with self._lock:
+        with self._lock():
             return self._snapshot(self._claims, self._holds).model_copy(deep=True)
 
     # --- conflicts -------------------------------------------------------------
@@ -514,23 +566,23 @@ class Ledger:
     def holders(self, pool: str, device: str) -> list[Holder]:
         """Every use of the device, admin access included."""
         ref = DeviceRef(pool=pool, device=device)
-        with self._lock:
+        with self._lock():
             return [h for r, _, _, h in self._uses() if r == ref]
 
     def held_devices(self, include_shared: bool = False) -> set[tuple[str, str]]:
         """Devices taken exclusively (plus shared ones if asked): hide these from the other API."""
         wanted: set[_Mode] = {"exclusive", "shared"} if include_shared else {"exclusive"}
-        with self._lock:
+        with self._lock():
             return {(r.pool, r.device) for r, mode, _, _ in self._uses() if mode in wanted}
 
     # --- claims ----------------------------------------------------------------
 
     def claims(self) -> list[ClaimEntry]:
-        with self._lock:
+        with self._lock():
             return [self._claims[k].model_copy(deep=True) for k in sorted(self._claims)]
 
     def get_claim(self, uid: str) -> ClaimEntry | None:
-        with self._lock:
+        with self._lock():
             entry = self._claims.get(uid)
             return entry.model_copy(deep=True) if entry else None
 
@@ -559,7 +611,7 @@ class Ledger:
             )
         except ValidationError as err:
             raise LedgerValueError(f"invalid claim {namespace}/{name} (uid {uid}): {err}") from err
-        with self._lock:
+        with self._lock():
             existing = self._claims.get(uid)
             if existing is not None:
                 self._check_same_claim(existing, entry)
@@ -602,7 +654,7 @@ class Ledger:
         devices not in ``cdi_ids`` keep what they had.
         """
         cdi_ids = cdi_ids or {}
-        with self._lock:
+        with self._lock():
             entry = self._claims.get(uid)
             if entry is None:
                 raise UnknownClaimError(
@@ -636,7 +688,7 @@ class Ledger:
 
     def begin_unprepare(self, uid: str) -> ClaimEntry | None:
         """Mark teardown as started; the devices stay held until :meth:`remove_claim`."""
-        with self._lock:
+        with self._lock():
             entry = self._claims.get(uid)
             if entry is None:
                 return None
@@ -647,7 +699,7 @@ class Ledger:
             return entry.model_copy(deep=True)
 
     def remove_claim(self, uid: str) -> None:
-        with self._lock:
+        with self._lock():
             entry = self._claims.get(uid)
             if entry is None:
                 return
@@ -657,11 +709,11 @@ class Ledger:
     # --- device-plugin holds ---------------------------------------------------
 
     def plugin_holds(self) -> list[PluginHold]:
-        with self._lock:
+        with self._lock():
             return [self._holds[k].model_copy(deep=True) for k in sorted(self._holds)]
 
     def get_plugin_hold(self, pod_uid: str, container: str) -> PluginHold | None:
-        with self._lock:
+        with self._lock():
             hold = self._holds.get((pod_uid, container))
             return hold.model_copy(deep=True) if hold else None
 
@@ -686,7 +738,7 @@ class Ledger:
             raise LedgerValueError(
                 f"invalid device-plugin hold for pod {pod_uid} container {container}: {err}"
             ) from err
-        with self._lock:
+        with self._lock():
             existing = self._holds.get(hold.key)
             if (
                 existing is not None
@@ -710,7 +762,7 @@ class Ledger:
             return hold.model_copy(deep=True)
 
     def complete_plugin_hold(self, pod_uid: str, container: str) -> PluginHold:
-        with self._lock:
+        with self._lock():
             hold = self._holds.get((pod_uid, container))
             if hold is None:
                 raise UnknownPluginHoldError(
@@ -724,7 +776,7 @@ class Ledger:
             return hold.model_copy(deep=True)
 
     def release_plugin_hold(self, pod_uid: str, container: str) -> None:
-        with self._lock:
+        with self._lock():
             key = (pod_uid, container)
             if key not in self._holds:
                 return

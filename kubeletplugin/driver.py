@@ -11,11 +11,11 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
-from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
 from dradriver.cdi import CDIDevice, CDIRegistry
+from dradriver.claimlock import ClaimLocks
 from dradriver.containeredits import ContainerEdits
 from dradriver.hooks import Hook, HookError, run_hook
 from dradriver.kube.client import KubeAPIError, KubeClient
@@ -73,7 +73,7 @@ class NodeDriver:
         self.setup = setup
         self.teardown = teardown
         self.metrics = metrics or PluginMetrics()
-        self._locks: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
+        self._locks = ClaimLocks(ledger.path.parent / "claim-locks")
 
     # ----- DRADriver ---------------------------------------------------------
 
@@ -92,7 +92,7 @@ class NodeDriver:
 
     async def _prepare_guarded(self, claim: ClaimRef) -> PrepareResult:
         with self.metrics.in_flight.track_inprogress():
-            async with self._locks[claim.uid]:
+            async with self._locks.hold(claim.uid):
                 with self.metrics.prepare_seconds.time():
                     try:
                         devices = await self._prepare(claim)
@@ -266,7 +266,7 @@ class NodeDriver:
     # ----- unprepare ---------------------------------------------------------
 
     async def _unprepare_guarded(self, claim: ClaimRef) -> str:
-        async with self._locks[claim.uid]:
+        async with self._locks.hold(claim.uid):
             with self.metrics.unprepare_seconds.time():
                 try:
                     await self._teardown(claim, claim.uid)
@@ -274,6 +274,7 @@ class NodeDriver:
                     self.metrics.unprepare_errors.inc()
                     log.warning("unprepare failed", claim=str(claim), error=str(e))
                     return f"ResourceClaim {claim}: {e}"
+        self._locks.forget(claim.uid)
         self.metrics.unprepares.inc()
         return ""
 
@@ -335,7 +336,17 @@ class NodeDriver:
             counts["kept"] += 1
             counts["regenerated"] += 0 if had_spec else 1
         known = {e.uid for e in self.ledger.claims()}
-        for uid in self.cdi.claim_uids_on_disk() - known:
+        orphans = self.cdi.claim_uids_on_disk() - known
+        if self.ledger.recovered_from_corruption is not None and orphans:
+            # The ledger lost its memory: these specs may belong to running pods. Keep
+            # them; a later prepare re-adopts a claim, an unprepare removes its spec.
+            log.warning(
+                "ledger was recovered from corruption; keeping CDI specs it does not know",
+                specs=len(orphans),
+                kept_copy=str(self.ledger.recovered_from_corruption),
+            )
+            orphans = set()
+        for uid in orphans:
             self.cdi.remove_claim(uid)
             counts["orphans"] += 1
         log.info("reconciled node state", **counts)

@@ -164,11 +164,13 @@ class NodePlugin:
     kubelet_root: Path
     cdi_dir: Path
     port: int
+    instance: str = ""
     proc: subprocess.Popen[bytes] | None = None
 
     @property
     def log_path(self) -> Path:
-        return self.workdir / "kubeletplugin.log"
+        suffix = f"-{self.instance}" if self.instance else ""
+        return self.workdir / f"kubeletplugin{suffix}.log"
 
     @property
     def state_dir(self) -> Path:
@@ -187,6 +189,7 @@ class NodePlugin:
             f"--state-dir={self.state_dir}",
             f"--http-address=127.0.0.1:{self.port}",
             "--health-interval=1",
+            f"--instance={self.instance}",
         ]
         log = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child process
         self.proc = subprocess.Popen(

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import socket
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -64,6 +65,17 @@ def _remove_stale(path: Path) -> None:
         return
     if not path.is_socket():
         raise RuntimeError(f"{path} exists and is not a socket; refusing to replace it")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        probe.settimeout(1)
+        try:
+            probe.connect(str(path))
+        except OSError:
+            pass  # nobody listens: a leftover of a crashed plugin
+        else:
+            raise RuntimeError(
+                f"another process serves {path}; give each plugin instance its own socket "
+                "names with --instance (the DaemonSet passes the pod UID)"
+            )
     path.unlink()
 
 

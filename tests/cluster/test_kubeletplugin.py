@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import shutil
 import ssl
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import grpc
 import httpx
 import pytest
 import yaml
@@ -16,9 +19,14 @@ from dradriver.cdi import CDIRegistry
 from dradriver.cluster.api import AdminAPI, path_for, wait_until
 from dradriver.cluster.kubeletstate import kubelet_cdi_ids as read_kubelet_cdi_ids
 from dradriver.cluster.local import LocalCluster
-from dradriver.cluster.nodeplugin import NodePlugin, node_slices, start_node_plugin
+from dradriver.cluster.nodeplugin import NodePlugin, free_port, node_slices, start_node_plugin
+from dradriver.devices.model import Device
+from dradriver.devices.slices import build_node_slices
+from dradriver.kube.client import KubeClient, load_connection
 from dradriver.kube.paths import RESOURCE_V1
+from dradriver.kubeletapi.gen import dra_v1_pb2, dra_v1_pb2_grpc
 from dradriver.ledger import Ledger
+from dradriver.plugin.slicepublisher import SlicePublisher
 
 DRIVER = "dradriver.dev"
 NODE = "node-1"
@@ -99,6 +107,7 @@ def plugin(local_cluster: LocalCluster) -> Iterator[NodePlugin]:
     (work / "setup.sh").write_text(
         f'echo "setup $DRADRIVER_CLAIM_UID $DRADRIVER_DEVICE profile=$DRADRIVER_PROFILE" '
         f">> {work}/hooks.log\n"
+        'if [ "$DRADRIVER_PROFILE" = fail ]; then echo "refusing profile fail" >&2; exit 3; fi\n'
         f"if [ -e {work}/block-setup ]; then touch {work}/setup-started; sleep 120; fi\n"
     )
     (work / "teardown.sh").write_text(
@@ -552,3 +561,174 @@ def test_plugin_identity_cannot_write_another_nodes_slices(
         assert own.status_code == 201, own.text
         gone = client.delete(path_for(R, "resourceslices", name="own-probe"))
         assert gone.status_code == 200, gone.text
+
+
+def allocate_directly(api: AdminAPI, ns: str, name: str, device: str) -> str:
+    """Create a claim and write its allocation as a controller would (no pod, no scheduler)."""
+    claim = api.create(
+        path_for(R, "resourceclaims", ns),
+        {
+            "metadata": {"name": name, "finalizers": ["dradriver.dev/test"]},
+            "spec": claim_spec("plain"),
+        },
+    )
+    claim["status"] = {
+        "allocation": {
+            "devices": {
+                "results": [{"request": "dev", "driver": DRIVER, "pool": NODE, "device": device}]
+            },
+            "nodeSelector": {
+                "nodeSelectorTerms": [
+                    {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [NODE]}]}
+                ]
+            },
+            "allocationTimestamp": "2026-01-01T00:00:00Z",
+        }
+    }
+    api.request("PUT", path_for(R, "resourceclaims", ns, name) + "/status", json=claim)
+    return str(claim["metadata"]["uid"])
+
+
+def release_directly(api: AdminAPI, ns: str, name: str) -> None:
+    claim = api.get(path_for(R, "resourceclaims", ns, name))
+    claim["status"] = {}
+    claim = api.request("PUT", path_for(R, "resourceclaims", ns, name) + "/status", json=claim)
+    claim["metadata"]["finalizers"] = []
+    api.request("PUT", path_for(R, "resourceclaims", ns, name), json=claim)
+    api.delete(path_for(R, "resourceclaims", ns, name))
+
+
+def test_concurrent_calls_for_one_claim_do_the_work_once(
+    published: NodePlugin, api: AdminAPI, namespace: str
+) -> None:
+    uid = allocate_directly(api, namespace, "direct", "dev-4")
+    socket = published.kubelet_root / "plugins" / DRIVER / "dra.sock"
+    claim = dra_v1_pb2.Claim(namespace=namespace, uid=uid, name="direct")
+
+    async def calls() -> tuple[list[Any], list[Any]]:
+        async with grpc.aio.insecure_channel(f"unix://{socket}") as channel:
+            stub = dra_v1_pb2_grpc.DRAPluginStub(channel)
+            prepared = await asyncio.gather(
+                *(
+                    stub.NodePrepareResources(
+                        dra_v1_pb2.NodePrepareResourcesRequest(claims=[claim])
+                    )
+                    for _ in range(10)
+                )
+            )
+            unprepared = await asyncio.gather(
+                *(
+                    stub.NodeUnprepareResources(
+                        dra_v1_pb2.NodeUnprepareResourcesRequest(claims=[claim])
+                    )
+                    for _ in range(10)
+                )
+            )
+            return list(prepared), list(unprepared)
+
+    try:
+        prepared, unprepared = asyncio.run(calls())
+        ids = {tuple(r.claims[uid].devices[0].cdi_device_ids) for r in prepared}
+        assert len(ids) == 1 and all(r.claims[uid].error == "" for r in prepared)
+        assert all(r.claims[uid].error == "" for r in unprepared)
+        assert len(hook_lines(published, "setup", uid)) == 1
+        assert len(hook_lines(published, "teardown", uid)) == 1
+        assert ledger(published).get_claim(uid) is None
+    finally:
+        release_directly(api, namespace, "direct")
+
+
+def test_failed_setup_is_rolled_back(published: NodePlugin, api: AdminAPI, namespace: str) -> None:
+    make_template(api, namespace, "f", claim_spec("plain", config=_opaque(profile="fail")))
+    make_pod(api, namespace, "p", template="f")
+
+    def failed_event() -> str | None:
+        for event in pod_events(api, namespace, "p"):
+            if event.startswith("FailedPrepareDynamicResources") and "exited 3" in event:
+                return event
+        return None
+
+    event = wait_until("the setup hook's failure as a pod event", failed_event, DEADLINE)
+    assert "refusing profile fail" in event
+    uid = pod_claim(api, namespace, "p")["metadata"]["uid"]
+    assert ledger(published).get_claim(uid) is None
+    assert cdi(published).read_claim(uid) is None
+    assert len(hook_lines(published, "teardown", uid)) >= 1
+
+
+def test_corrupt_ledger_is_kept_aside_and_nothing_is_lost(
+    published: NodePlugin, api: AdminAPI, namespace: str
+) -> None:
+    make_template(api, namespace, "one", claim_spec("plain"))
+    make_pod(api, namespace, "p", template="one")
+    wait_running(api, namespace, "p")
+    uid = pod_claim(api, namespace, "p")["metadata"]["uid"]
+    published.stop()
+    path = published.state_dir / "ledger.json"
+    path.write_text(path.read_text().replace('"prepared"', '"prepaXed"'))
+    published.start()
+    published.wait_ready()
+    assert list(published.state_dir.glob("ledger.json.corrupt-*")), "no copy of the bad file"
+    assert cdi(published).read_claim(uid) is not None, "a running pod's CDI spec was deleted"
+    wait_pod_gone(api, namespace, "p")
+    wait_until(
+        "the spec removed by unprepare", lambda: cdi(published).read_claim(uid) is None, DEADLINE
+    )
+
+
+def test_rolling_update_hands_over_without_a_gap(
+    published: NodePlugin, api: AdminAPI, namespace: str
+) -> None:
+    successor = dataclasses.replace(published, instance="next", port=free_port(), proc=None)
+    successor.start()
+    try:
+        successor.wait_ready()
+        published.stop()  # the old pod goes away only once the new one is registered
+        make_template(api, namespace, "one", claim_spec("plain"))
+        make_pod(api, namespace, "p", template="one")
+        wait_running(api, namespace, "p")
+        uid = pod_claim(api, namespace, "p")["metadata"]["uid"]
+        assert f"uid={uid}" in successor.log_path.read_text()
+        wait_pod_gone(api, namespace, "p")
+        wait_until(
+            "unprepared by the successor",
+            lambda: ledger(published).get_claim(uid) is None,
+            DEADLINE,
+        )
+    finally:
+        successor.stop()
+        published.start()
+        published.wait_ready()
+
+
+def test_unchanged_inventory_writes_nothing(local_cluster: LocalCluster) -> None:
+    driver, node = "pubtest.dradriver.dev", "pub-node"
+    devices = [Device(name=f"d-{i}", attributes={"index": i}) for i in range(300)]
+
+    def desired(generation: int) -> list[Obj]:
+        return build_node_slices(driver, node, devices, [], generation)
+
+    async def scenario() -> list[int]:
+        client = KubeClient(load_connection(str(local_cluster.layout.admin_kubeconfig)))
+        publisher = SlicePublisher(client, driver, node, desired)
+        try:
+            writes = [await publisher.sync(), await publisher.sync()]
+            devices[7] = Device(name="d-7", attributes={"index": 7, "changed": True})
+            writes.append(await publisher.sync())
+            await client.delete(
+                path_for(R, "resourceslices", name=desired(0)[1]["metadata"]["name"])
+            )
+            writes.append(await publisher.sync())
+            writes.append(await publisher.sync())
+            return writes
+        finally:
+            for s in desired(0):
+                await client.delete(path_for(R, "resourceslices", name=s["metadata"]["name"]))
+            await client.aclose()
+
+    first, again, changed, after_delete, settled = asyncio.run(scenario())
+    assert first == 3  # 300 devices, 128 per slice
+    assert again == 0
+    assert changed == 3  # a new pool generation rewrites every slice of the pool
+    assert after_delete >= 1
+    assert settled == 0

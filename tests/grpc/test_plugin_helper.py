@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import socket
 import stat
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -224,3 +225,28 @@ def test_stop_removes_sockets(sock_dir: Path) -> None:
     run(body, sock_dir)
     assert not paths.dra_socket.exists()
     assert not paths.registration_socket.exists()
+
+
+def test_a_live_socket_of_another_instance_is_not_stolen(sock_dir: Path) -> None:
+    async def body(helper: KubeletPluginHelper, driver: RecordingDriver) -> None:
+        intruder = KubeletPluginHelper(RecordingDriver(), PluginPaths(sock_dir, DRIVER))
+        with pytest.raises(RuntimeError, match=r"another process serves .*--instance"):
+            await intruder.start()
+        info = await register(helper)  # the first instance still answers
+        assert info.name == DRIVER
+
+    run(body, sock_dir)
+
+
+def test_a_dead_socket_is_replaced(sock_dir: Path) -> None:
+    paths = PluginPaths(sock_dir, DRIVER)
+    paths.plugin_dir.mkdir(parents=True)
+
+    leftover = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    leftover.bind(str(paths.dra_socket))
+    leftover.close()  # bound but nobody listens: what a crashed plugin leaves
+
+    async def body(helper: KubeletPluginHelper, driver: RecordingDriver) -> None:
+        assert helper.paths.dra_socket.is_socket()
+
+    run(body, sock_dir)

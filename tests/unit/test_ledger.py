@@ -130,7 +130,8 @@ def test_file_format_version_checksum_and_modes(path: Path) -> None:
     assert checksum(doc["data"]) == doc["checksum"]
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
     assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700
-    assert sorted(os.listdir(path.parent)) == ["ledger.json"]  # no temp files left
+    # No temp files left; the .lock file is the cross-process lock.
+    assert sorted(os.listdir(path.parent)) == ["ledger.json", "ledger.json.lock"]
 
 
 def test_every_step_is_persisted_before_returning(path: Path) -> None:
@@ -620,4 +621,17 @@ def test_failed_write_changes_nothing_and_leaves_no_temp_file(tmp_path: Path) ->
         ledger.begin_prepare("uid-1", "ns", "a", [excl("dev-0")])
     assert ledger.get_claim("uid-1") is None
     assert ledger.held_devices() == set()
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["ledger.json"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ledger.json", "ledger.json.lock"]
+
+
+def test_two_ledgers_on_one_file_see_each_other(tmp_path: Path) -> None:
+    """Two plugin processes during a rolling update share one ledger file."""
+    path = tmp_path / "ledger.json"
+    first, second = Ledger.load(path), Ledger.load(path)
+    first.begin_prepare("uid-1", "ns", "a", [excl("dev-0")])
+    with pytest.raises(DeviceBusy, match="uid-1"):
+        second.begin_prepare("uid-2", "ns", "b", [excl("dev-0")])
+    assert second.get_claim("uid-1") is not None
+    second.remove_claim("uid-1")
+    assert first.get_claim("uid-1") is None
+    first.begin_prepare("uid-2", "ns", "b", [excl("dev-0")])
