@@ -114,18 +114,33 @@ class SlicePublisher:
             (s["spec"]["pool"].get("generation", 0) for s in existing.values()), default=0
         )
         want = {s["metadata"]["name"]: s for s in self.desired(generation)}
-        unchanged = set(want) == set(existing) and all(
-            slices_equal(s["spec"], existing[n]["spec"])
-            and existing[n]["spec"]["pool"].get("generation") == generation
+        stale = [
+            n
             for n, s in want.items()
-        )
-        if unchanged:
+            if n not in existing
+            or not slices_equal(s["spec"], existing[n]["spec"])
+            or existing[n]["spec"]["pool"].get("generation") != generation
+        ]
+        if not stale and set(want) == set(existing):
             return 0
-        generation += 1
-        want = {s["metadata"]["name"]: s for s in self.desired(generation)}
+
+        def names(spec: Obj) -> list[str]:
+            return [d["name"] for d in spec.get("devices", [])]
+
+        # The same slices holding the same devices: rewrite just the changed ones in
+        # place. Anything else (slices added or removed, devices moving between slices)
+        # gets a new pool generation so the scheduler never sees a mixed pool.
+        in_place = set(want) == set(existing) and all(
+            names(want[n]["spec"]) == names(existing[n]["spec"]) for n in want
+        )
+        if not in_place:
+            generation += 1
+            want = {s["metadata"]["name"]: s for s in self.desired(generation)}
+            stale = list(want)
         owner = await self._owner_ref()
         writes = 0
-        for name, obj in want.items():
+        for name in stale:
+            obj = want[name]
             if owner is not None:
                 obj.setdefault("metadata", {})["ownerReferences"] = [owner]
             if name in existing:

@@ -1,0 +1,246 @@
+"""NodePrepareResources / NodeUnprepareResources latency through the real gRPC socket.
+
+Run with ``python -m bench.prepare [--iterations N] [--rounds N] [--no-go]``. Uses the local
+cluster (reuses a running one, else starts one and stops it afterwards).
+
+The benchmark plays the kubelet: it starts the plugin under test as a process with its own
+kubelet root dir, registers it (GetInfo, NotifyRegistrationStatus), creates ResourceClaims
+whose ``status.allocation`` it writes itself (admin, status subresource) for the plugin's
+devices, and calls the DRA socket with grpc.aio over one channel. Scenarios:
+
+* sequential: one claim per call, prepare then unprepare, ``--iterations`` times;
+* 100 concurrent calls: 100 single-claim calls in flight at once, ``--rounds`` times;
+* one call carrying 100 claims, ``--rounds`` times.
+
+The same client runs against dradriver (driver ``bench.dradriver.dev``, node ``bench-node``)
+and against the Go reference, dra-example-driver's kubelet plugin (driver ``gpu.example.com``,
+node ``bench-go-node``, a cordoned and tainted Node object that exists only while the
+benchmark runs, since the Go helper publishes no slices without it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import math
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from bench.common import (
+    BENCH_NODE,
+    GO_BURST,
+    GO_DRIVER,
+    GO_QPS,
+    BenchError,
+    ClaimRef,
+    DRAClient,
+    PluginUnderTest,
+    allocated_claims,
+    bench_namespace,
+    create_fake_node,
+    delete_namespace,
+    delete_node,
+    delete_slices,
+    go_binary,
+    go_plugin,
+    ms,
+    ours_plugin,
+    percentile,
+    short_workdir,
+    table,
+    wait_published,
+)
+from dradriver.cluster.api import AdminAPI
+from dradriver.cluster.config import Layout, default_state_dir
+from dradriver.cluster.local import running_cluster
+
+OUR_DRIVER = "bench.dradriver.dev"
+GO_NODE = "bench-go-node"
+WARMUP = 5
+SLICE_DEADLINE = 60.0
+
+SCENARIOS = [
+    ("prepare, 1 claim, sequential", "seq-prepare"),
+    ("unprepare, 1 claim, sequential", "seq-unprepare"),
+    ("prepare, {n} concurrent 1-claim calls", "conc-prepare"),
+    ("unprepare, {n} concurrent 1-claim calls", "conc-unprepare"),
+    ("prepare, 1 call with {n} claims", "batch-prepare"),
+    ("unprepare, 1 call with {n} claims", "batch-unprepare"),
+]
+
+
+@dataclass
+class Result:
+    samples: dict[str, list[float]] = field(default_factory=dict)
+    wall: dict[str, float] = field(default_factory=dict)
+    note: str = ""
+
+    def add(self, key: str, value: float) -> None:
+        self.samples.setdefault(key, []).append(value)
+
+    def p(self, key: str, q: float) -> float:
+        return percentile(self.samples.get(key, []), q)
+
+
+async def run_scenarios(
+    plugin: PluginUnderTest, claims: list[ClaimRef], iterations: int, rounds: int
+) -> Result:
+    result = Result()
+    client = DRAClient(plugin.dra_socket)
+    try:
+        for _ in range(WARMUP):
+            await client.prepare(claims[:1])
+            await client.unprepare(claims[:1])
+        for i in range(iterations):
+            claim = claims[i % len(claims)]
+            result.add("seq-prepare", await client.prepare([claim]))
+            result.add("seq-unprepare", await client.unprepare([claim]))
+
+        async def timed(key: str, calls: Callable[[], Awaitable[Sequence[float]]]) -> None:
+            started = time.perf_counter()
+            for latency in await calls():
+                result.add(key, latency)
+            result.wall[key] = result.wall.get(key, 0.0) + time.perf_counter() - started
+
+        for _ in range(rounds):
+            await timed(
+                "conc-prepare",
+                lambda: asyncio.gather(*(client.prepare([c]) for c in claims)),
+            )
+            await timed(
+                "conc-unprepare",
+                lambda: asyncio.gather(*(client.unprepare([c]) for c in claims)),
+            )
+        for _ in range(rounds):
+            await timed("batch-prepare", lambda: asyncio.gather(client.prepare(claims)))
+            await timed("batch-unprepare", lambda: asyncio.gather(client.unprepare(claims)))
+        plugin.check_alive()
+    finally:
+        await client.close()
+    return result
+
+
+def bench_plugin(
+    api: AdminAPI,
+    plugin: PluginUnderTest,
+    namespace: str,
+    devices: int,
+    claims: int,
+    iterations: int,
+    rounds: int,
+) -> Result:
+    try:
+        delete_slices(api, plugin.node, plugin.driver)  # leftovers of an interrupted run
+        plugin.start()
+        asyncio.run(plugin.register())
+        published = wait_published(api, plugin, devices, SLICE_DEADLINE)
+        refs = allocated_claims(api, namespace, plugin, claims)
+        result = asyncio.run(run_scenarios(plugin, refs, iterations, rounds))
+        if not published:
+            result.note = (
+                f"its {devices} devices were not all published within {SLICE_DEADLINE:.0f}s"
+            )
+        return result
+    finally:
+        plugin.stop()
+        delete_slices(api, plugin.node, plugin.driver)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--iterations", type=int, default=300, help="sequential iterations")
+    parser.add_argument("--rounds", type=int, default=5, help="rounds of the 100-claim scenarios")
+    parser.add_argument("--claims", type=int, default=100, help="claims per concurrent round")
+    parser.add_argument("--devices", type=int, default=128, help="devices per plugin")
+    parser.add_argument("--no-go", action="store_true", help="skip the Go reference")
+    args = parser.parse_args()
+    if args.claims > args.devices:
+        parser.error("--claims must not exceed --devices (every claim gets its own device)")
+
+    binary, go_how = (None, "skipped (--no-go)") if args.no_go else go_binary()
+    ours: Result | None = None
+    go: Result | None = None
+    go_error = "" if binary is not None else go_how
+    layout = Layout(state_dir=default_state_dir())
+    with running_cluster(layout) as (cluster, state, _started), cluster.api() as api:
+        kubeconfig = Path(state.kubeconfig)
+        namespace = bench_namespace(api)
+        try:
+            with short_workdir() as work:
+                ours = bench_plugin(
+                    api,
+                    ours_plugin(work, OUR_DRIVER, BENCH_NODE, args.devices, kubeconfig),
+                    namespace,
+                    args.devices,
+                    args.claims,
+                    args.iterations,
+                    args.rounds,
+                )
+                if binary is not None:
+                    try:
+                        create_fake_node(api, GO_NODE)
+                        go = bench_plugin(
+                            api,
+                            go_plugin(binary, work, GO_NODE, args.devices, kubeconfig),
+                            namespace,
+                            args.devices,
+                            args.claims,
+                            args.iterations,
+                            args.rounds,
+                        )
+                    except BenchError as e:
+                        go_error = f"the Go reference failed: {e}"
+                    finally:
+                        delete_node(api, GO_NODE)
+        finally:
+            delete_namespace(api, namespace)
+    report(args, ours, go, go_how, go_error)
+
+
+def report(
+    args: argparse.Namespace, ours: Result | None, go: Result | None, go_how: str, go_error: str
+) -> None:
+    assert ours is not None
+    print(
+        f"\nNodePrepareResources / NodeUnprepareResources latency (ms), DRA v1 over a unix socket"
+        f"\n{args.devices} devices per plugin, {args.claims} claims, sequential "
+        f"{args.iterations} iterations, {args.rounds} rounds of each {args.claims}-claim scenario "
+        f"(after {WARMUP} warm-up iterations)"
+    )
+    print(f"ours: dradriver kubeletplugin, driver {OUR_DRIVER}, node {BENCH_NODE}")
+    if go is not None:
+        print(
+            f"go:   {go_how}\n      driver {GO_DRIVER}, node {GO_NODE}, "
+            f"--kube-api-qps={GO_QPS} --kube-api-burst={GO_BURST}"
+        )
+        if go.note:
+            print(f"      note: {go.note}")
+    else:
+        print(f"go:   not measured: {go_error}")
+    rows = []
+    for title, key in SCENARIOS:
+        o50, o99 = ours.p(key, 0.5), ours.p(key, 0.99)
+        g50 = go.p(key, 0.5) if go else math.nan
+        g99 = go.p(key, 0.99) if go else math.nan
+        ratio = "n/a" if math.isnan(g50) or g50 == 0 else f"{o50 / g50:.2f}"
+        rows.append([title.format(n=args.claims), ms(o50), ms(o99), ms(g50), ms(g99), ratio])
+    print()
+    print(
+        table(
+            ["scenario", "ours p50", "ours p99", "go p50", "go p99", "ratio ours/go (p50)"],
+            rows,
+        )
+    )
+    rows = []
+    for title, key in SCENARIOS[2:]:
+        o = ours.wall.get(key, math.nan) / args.rounds
+        g = go.wall.get(key, math.nan) / args.rounds if go else math.nan
+        rows.append([title.format(n=args.claims), ms(o), ms(g)])
+    print(f"\nwall time of one round of {args.claims} claims (ms, mean over rounds)\n")
+    print(table(["scenario", "ours", "go"], rows))
+
+
+if __name__ == "__main__":
+    main()
