@@ -15,17 +15,18 @@ import httpx
 import pytest
 import yaml
 
-from dradriver.cdi import CDIRegistry
+from dradriver.cdi import CDIDevice, CDIRegistry
 from dradriver.cluster.api import AdminAPI, path_for, wait_until
 from dradriver.cluster.kubeletstate import kubelet_cdi_ids as read_kubelet_cdi_ids
 from dradriver.cluster.local import LocalCluster
 from dradriver.cluster.nodeplugin import NodePlugin, free_port, node_slices, start_node_plugin
+from dradriver.containeredits import ContainerEdits
 from dradriver.devices.model import Device
 from dradriver.devices.slices import build_node_slices
 from dradriver.kube.client import KubeClient, load_connection
 from dradriver.kube.paths import RESOURCE_V1
 from dradriver.kubeletapi.gen import dra_v1_pb2, dra_v1_pb2_grpc
-from dradriver.ledger import Ledger
+from dradriver.ledger import ClaimDevice, Ledger
 from dradriver.plugin.slicepublisher import SlicePublisher
 
 DRIVER = "dradriver.dev"
@@ -732,3 +733,39 @@ def test_unchanged_inventory_writes_nothing(local_cluster: LocalCluster) -> None
     assert changed == 1  # same slices, same devices: only the changed slice is rewritten
     assert after_delete >= 1
     assert settled == 0
+
+
+def test_start_tears_down_claims_gone_from_the_api_and_deletes_orphan_specs(
+    published: NodePlugin,
+) -> None:
+    gone_uid, orphan_uid = "0d1e2f30-aaaa-4bbb-8ccc-000000000001", "0d1e2f30-aaaa-4bbb-8ccc-2"
+    published.stop()
+    book = Ledger.load(published.state_dir / "ledger.json")
+    book.begin_prepare(
+        gone_uid,
+        "nowhere",
+        "deleted-claim",
+        [
+            ClaimDevice(
+                pool=NODE,
+                device="dev-3",
+                request_names=["dev"],
+                share_id=None,
+                admin_access=False,
+                exclusive=True,
+                cdi_ids=[],
+            )
+        ],
+        "digest",
+    )
+    book.complete_prepare(gone_uid)
+    registry = cdi(published)
+    edits = ContainerEdits(env={"X": "1"})
+    registry.write_claim(gone_uid, [CDIDevice("dev-3", edits)])
+    registry.write_claim(orphan_uid, [CDIDevice("dev-2", edits)])
+    published.start()
+    published.wait_ready()
+    assert ledger(published).get_claim(gone_uid) is None
+    assert registry.read_claim(gone_uid) is None
+    assert registry.read_claim(orphan_uid) is None
+    assert len(hook_lines(published, "teardown", gone_uid)) == 1
