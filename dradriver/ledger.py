@@ -515,7 +515,10 @@ class Ledger:
         if not directory.is_dir():
             directory.mkdir(parents=True, exist_ok=True)
             os.chmod(directory, LEDGER_DIR_MODE)
-        _atomic_write(self.path, (json.dumps(doc, indent=2) + "\n").encode(), LEDGER_FILE_MODE)
+        # Compact on purpose: an indented dump takes the slow pure-Python encoder, and
+        # the ledger is rewritten on every prepare and unprepare (`jq .` reads it).
+        text = json.dumps(doc, separators=(",", ":"))
+        _atomic_write(self.path, (text + "\n").encode(), LEDGER_FILE_MODE)
         self._claims, self._holds = claims, holds
         self._seen = _signature(self.path)
 
