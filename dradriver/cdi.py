@@ -15,11 +15,9 @@ the same device must never be served from a stale cached spec.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
-import tempfile
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +26,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
+from dradriver.atomicfile import atomic_write, fsync_dir
 from dradriver.containeredits import ContainerEdits, DeviceNode, Mount
 from dradriver.log import get_logger
 
@@ -178,34 +177,6 @@ class CDIDevice:
         validate_device_name(self.name)
 
 
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _atomic_write(path: Path, data: bytes, mode: int) -> None:
-    """Replace ``path`` so a reader sees the old or the new content, never a mix.
-
-    The temp name starts with "." and ends in ".tmp", which CDI scanners ignore.
-    """
-    fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as tmp:
-            os.fchmod(tmp.fileno(), mode)
-            tmp.write(data)
-            tmp.flush()
-            os.fsync(tmp.fileno())
-        os.replace(tmp_name, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp_name)
-        raise
-    _fsync_dir(path.parent)
-
-
 @dataclass(frozen=True)
 class _LoadedSpec:
     path: Path
@@ -249,8 +220,11 @@ def _list(obj: dict[str, Any], key: str, path: Path, where: str) -> list[Any]:
 class CDIRegistry:
     """The CDI spec files of one vendor/class in one directory, one file per claim."""
 
-    def __init__(self, cdi_dir: Path, vendor: str, cdi_class: str = "device") -> None:
+    def __init__(
+        self, cdi_dir: Path, vendor: str, cdi_class: str = "device", durable: bool = True
+    ) -> None:
         self.cdi_dir = Path(cdi_dir)
+        self.durable = durable
         self.vendor = validate_vendor(vendor)
         self.cdi_class = validate_class(cdi_class)
         self.kind = f"{vendor}/{cdi_class}"
@@ -338,7 +312,7 @@ class CDIRegistry:
                 os.chmod(path, SPEC_FILE_MODE)
             log.debug("cdi spec unchanged", claim=claim_uid, path=str(path))
             return ids
-        _atomic_write(path, data, SPEC_FILE_MODE)
+        atomic_write(path, data, SPEC_FILE_MODE, durable=self.durable)
         log.info(
             "cdi spec written",
             claim=claim_uid,
@@ -359,7 +333,8 @@ class CDIRegistry:
             path.unlink()
         except FileNotFoundError:
             return
-        _fsync_dir(self.cdi_dir)
+        if self.durable:
+            fsync_dir(self.cdi_dir)
         log.info("cdi spec removed", claim=claim_uid, path=str(path))
 
     # --- reading ---------------------------------------------------------------

@@ -27,7 +27,6 @@ import hashlib
 import json
 import os
 import re
-import tempfile
 import threading
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -37,6 +36,7 @@ from typing import Annotated, Any, Literal, NamedTuple
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from dradriver.atomicfile import atomic_write, fsync_dir
 from dradriver.log import get_logger
 
 log = get_logger("ledger")
@@ -328,31 +328,6 @@ def checksum(data: Any) -> str:
     return "sha256:" + hashlib.sha256(canonical.encode("utf-8")).hexdigest()
 
 
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _atomic_write(path: Path, data: bytes, mode: int) -> None:
-    """Replace ``path`` so a crash leaves the old or the new checkpoint, never a mix."""
-    fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as tmp:
-            os.fchmod(tmp.fileno(), mode)
-            tmp.write(data)
-            tmp.flush()
-            os.fsync(tmp.fileno())
-        os.replace(tmp_name, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp_name)
-        raise
-    _fsync_dir(path.parent)
-
-
 def _decode(path: Path, raw: bytes) -> LedgerData:
     try:
         doc = json.loads(raw)
@@ -391,7 +366,7 @@ def _quarantine(path: Path) -> Path:
         n += 1
         kept = path.with_name(f"{path.name}.corrupt-{stamp}-{n}")
     os.rename(path, kept)
-    _fsync_dir(path.parent)
+    fsync_dir(path.parent)
     return kept
 
 
@@ -518,7 +493,7 @@ class Ledger:
         # Compact on purpose: an indented dump takes the slow pure-Python encoder, and
         # the ledger is rewritten on every prepare and unprepare (`jq .` reads it).
         text = json.dumps(doc, separators=(",", ":"))
-        _atomic_write(self.path, (text + "\n").encode(), LEDGER_FILE_MODE)
+        atomic_write(self.path, (text + "\n").encode(), LEDGER_FILE_MODE)
         self._claims, self._holds = claims, holds
         self._seen = _signature(self.path)
 

@@ -130,7 +130,7 @@ class Plugin:
             driver_name=self.driver_name,
             inventory=self.inventory,
             ledger=self.ledger,
-            cdi=CDIRegistry(args.cdi_dir, self.driver_name),
+            cdi=CDIRegistry(args.cdi_dir, self.driver_name, durable=False),  # see README
             setup=_hook(config.hooks.setup, "setup"),
             teardown=_hook(config.hooks.teardown, "teardown"),
             metrics=self.metrics,
