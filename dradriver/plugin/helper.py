@@ -153,6 +153,8 @@ class KubeletPluginHelper:
             self._watchdog.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._watchdog
+        for health in self._health:
+            await health.close()
         servers: list[Any] = [self._reg_server, self._dra_server]
         for server in servers:
             if server is not None:

@@ -158,6 +158,13 @@ class HealthService:
         self._pb2 = pb2
         self._snapshot: list[DeviceHealth] = []
         self._changed = asyncio.Condition()
+        self._closing = False
+
+    async def close(self) -> None:
+        """End open streams cleanly (before the server stops, so nothing is cancelled)."""
+        async with self._changed:
+            self._closing = True
+            self._changed.notify_all()
 
     async def publish(self, devices: list[DeviceHealth]) -> None:
         async with self._changed:
@@ -187,10 +194,12 @@ class HealthService:
         self, request: Any, context: grpc.aio.ServicerContext[Any, Any]
     ) -> AsyncIterator[Any]:
         yield self._response()
-        while True:
+        while not self._closing:
             async with self._changed:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._changed.wait(), HEALTH_TIMEOUT_SECONDS / 3)
+            if self._closing:
+                return
             yield self._response()
 
 
