@@ -1,0 +1,559 @@
+"""Why a claim can (not) be allocated, device by device.
+
+:func:`explain` runs the allocator for one claim; when that fails it looks at every device
+of the inventory for every request (and every ``firstAvailable`` subrequest) and says why
+the device cannot serve it, in the order the allocator checks: stale slice, incomplete or
+invalid pool, node reachability, the class's selectors, the request's selectors (which one
+is false or fails, with its text), taken by which claim, untolerated taint, counters,
+capacity. Devices that pass are ``available``. Request-level rows say how many devices a
+request needs against how many are available; claim-level rows name the constraint that
+cannot be met or the error that stopped the attempt.
+
+The rows suit a table (:func:`format_table`) and a one-paragraph message for an event or a
+condition (:func:`summarize`).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections import Counter, defaultdict
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any
+
+from dradriver.allocator.capacity import consumed_capacity, fit
+from dradriver.allocator.core import (
+    AllocationError,
+    Allocator,
+    Outcome,
+    Req,
+    build_request,
+    parse_constraints,
+    untolerated,
+)
+from dradriver.allocator.inventory import Device, Inventory
+from dradriver.allocator.nodes import NodeInfo, node_info
+from dradriver.allocator.state import AllocatedState, claim_key
+from dradriver.cel.quantity import display_quantity
+
+__all__ = ["ExplainRow", "explain", "format_table", "summarize"]
+
+ALLOCATED, AVAILABLE, EXCLUDED, UNSATISFIED, ERROR = (
+    "allocated",
+    "available",
+    "excluded",
+    "unsatisfied",
+    "error",
+)
+
+
+@dataclass(frozen=True)
+class ExplainRow:
+    """One line of an explanation.
+
+    ``verdict``: ``allocated`` (chosen), ``available`` (usable, not chosen), ``excluded``
+    (this device cannot serve the request), ``unsatisfied`` (a request or the whole claim
+    cannot be met), ``error`` (the attempt could not run). ``category`` groups reasons:
+    stale, pool, node, selector, allocated, taint, counters, capacity, count, constraint,
+    error, ok.
+    """
+
+    claim: str
+    request: str
+    driver: str
+    pool: str
+    device: str
+    verdict: str
+    reason: str
+    category: str = ""
+
+
+def explain(
+    inventory: Inventory | Allocator,
+    claim: Mapping[str, Any],
+    state: AllocatedState | None = None,
+    node: Mapping[str, Any] | NodeInfo | str | None = None,
+    nodes: Sequence[Mapping[str, Any] | NodeInfo | str] | None = None,
+    *,
+    drivers: Collection[str] | None = None,
+    outcome: Outcome | None = None,
+) -> list[ExplainRow]:
+    """Rows explaining the allocation of ``claim`` (see the module docstring).
+
+    ``state`` holds the allocations of all claims (this claim's own, if any, is left out).
+    ``node``/``nodes`` as for :meth:`Allocator.allocate`; for the claim of a pod the
+    scheduler could not place, pass every node as ``nodes``. ``drivers`` limits device rows
+    to those drivers. ``outcome`` is a previous :meth:`Allocator.allocate` result to reuse.
+    """
+    allocator = inventory if isinstance(inventory, Allocator) else Allocator(inventory)
+    inv = allocator.inventory
+    state = state if state is not None else AllocatedState()
+    key = claim_key(claim)
+    if key in state.claims():  # explain the claim against the others only
+        state = state.copy()
+        state.remove(key)
+    if outcome is None:
+        outcome = allocator.allocate([claim], state, node=node, nodes=nodes)
+    if outcome.ok and outcome.allocations is not None:
+        return _allocated_rows(key, outcome)
+    context = _Context(inv, state, node, nodes, drivers)
+    rows: list[ExplainRow] = []
+    requests = ((claim.get("spec") or {}).get("devices") or {}).get("requests") or []
+    satisfiable_alone = True
+    for request in requests:
+        name = str(request.get("name", ""))
+        alternatives: list[tuple[str | None, Any]]
+        if request.get("exactly") is not None:
+            alternatives = [(None, request["exactly"])]
+        else:
+            alternatives = [
+                (str(s.get("name", "")), s) for s in request.get("firstAvailable") or []
+            ]
+        any_ok = False
+        for sub, spec in alternatives:
+            try:
+                req = build_request(inv, 0, claim, name, sub, spec)
+            except AllocationError as e:
+                rows.append(
+                    ExplainRow(key, _full(name, sub), "", "", "", ERROR, e.message, "error")
+                )
+                continue
+            request_rows, ok = _request_rows(key, req, context)
+            rows.extend(request_rows)
+            any_ok = any_ok or ok
+        if len(alternatives) > 1 and not any_ok:
+            rows.append(
+                ExplainRow(
+                    key,
+                    name,
+                    "",
+                    "",
+                    "",
+                    UNSATISFIED,
+                    f"none of the {len(alternatives)} firstAvailable subrequests can be satisfied",
+                    "count",
+                )
+            )
+        satisfiable_alone = satisfiable_alone and any_ok
+    try:
+        constraints = parse_constraints(claim)
+    except AllocationError as e:
+        rows.append(ExplainRow(key, "", "", "", "", ERROR, e.message, "error"))
+        constraints = []
+    if outcome.error is not None and not any(r.verdict == ERROR for r in rows):
+        rows.append(ExplainRow(key, "", "", "", "", ERROR, outcome.error, "error"))
+    elif satisfiable_alone and requests:
+        rows.extend(_claim_rows(key, claim, constraints, allocator, state, node, nodes, context))
+    return rows
+
+
+def _full(name: str, sub: str | None) -> str:
+    return f"{name}/{sub}" if sub is not None else name
+
+
+def _allocated_rows(key: str, outcome: Outcome) -> list[ExplainRow]:
+    assert outcome.allocations is not None
+    allocation = outcome.allocations[0]
+    where = f"on node {outcome.node}" if outcome.node else "without binding to one node"
+    rows = []
+    for result in allocation["devices"]["results"]:
+        reason = f"allocatable {where}"
+        if result.get("adminAccess"):
+            reason += " (admin access)"
+        if result.get("shareID"):
+            reason += f" (shared, consumes {result.get('consumedCapacity')})"
+        rows.append(
+            ExplainRow(
+                key,
+                result["request"],
+                result["driver"],
+                result["pool"],
+                result["device"],
+                ALLOCATED,
+                reason,
+                "ok",
+            )
+        )
+    return rows
+
+
+class _Context:
+    def __init__(
+        self,
+        inventory: Inventory,
+        state: AllocatedState,
+        node: Mapping[str, Any] | NodeInfo | str | None,
+        nodes: Sequence[Mapping[str, Any] | NodeInfo | str] | None,
+        drivers: Collection[str] | None,
+    ) -> None:
+        self.inventory = inventory
+        self.state = state
+        self.node = node_info(node) if node is not None else None
+        self.nodes = [node_info(n) for n in nodes] if nodes is not None else None
+        self.drivers = set(drivers) if drivers is not None else None
+        self._counters: dict[int, dict[str, dict[str, Decimal]]] = {}
+
+    def devices(self) -> Iterable[Device]:
+        for device in [*self.inventory.devices, *self.inventory.stale]:
+            if self.drivers is None or device.driver in self.drivers:
+                yield device
+
+    def unreachable(self, device: Device) -> str | None:
+        if self.node is not None:
+            if device.reachable(self.node):
+                return None
+            return f"not reachable from node {self.node.name}: {device.placement_text()}"
+        kind = device.placement.get("kind")
+        if kind not in ("node", "all", "selector"):
+            return device.placement_text()
+        if self.nodes is None:
+            if device.reachable(None):
+                return None
+            what = "binds to a node" if device.binds_to_node else device.placement_text()
+            return f"{what}: it needs a node, and no candidate nodes were given"
+        if any(device.reachable(n) for n in self.nodes):
+            return None
+        if kind == "selector":
+            return "no node matches the node selector of its slice"
+        return f"{device.placement_text()}, which is not one of the candidate nodes"
+
+    def nodes_for(self, device: Device) -> list[str]:
+        """Names of the candidate nodes the device can be used from ("*" = any)."""
+        kind = device.placement.get("kind")
+        if kind == "node":
+            return [str(device.placement.get("node"))]
+        if self.nodes is None:
+            return ["*"] if kind in ("all", "selector") else []
+        if kind == "all" and not device.binds_to_node:
+            return ["*"]
+        if kind == "selector" and not device.binds_to_node and self.nodes:
+            return ["*"] if any(device.reachable(n) for n in self.nodes) else []
+        return [n.name for n in self.nodes if device.reachable(n)]
+
+    def counters_left(self, device: Device) -> dict[str, dict[str, Decimal]]:
+        key = id(device.pool)
+        left = self._counters.get(key)
+        if left is None:
+            left = {name: dict(values) for name, values in device.pool.counters.items()}
+            for other in device.pool.devices:
+                if other.consumes and self.state.is_allocated(other.id):
+                    for set_name, counters in other.consumes:
+                        for counter, value in counters.items():
+                            if counter in left.get(set_name, {}):
+                                left[set_name][counter] -= value
+            self._counters[key] = left
+        return left
+
+
+def device_problem(req: Req, device: Device, context: _Context) -> tuple[str, str] | None:
+    """(category, reason) why ``device`` cannot serve ``req`` on its own, or None."""
+    if device.stale is not None:
+        return "stale", device.stale
+    problem = device.pool.problem()
+    if problem is not None:
+        return "pool", problem
+    unreachable = context.unreachable(device)
+    if unreachable is not None:
+        return "node", unreachable
+    for label, selector in req.selectors:
+        result = context.inventory.evaluate(selector, device)
+        if result.error is not None:
+            return "selector", f"{label} failed: {result.error} (expression: {selector.expression})"
+        if not result.matched:
+            return "selector", f"{label} is false: {selector.expression}"
+    state = context.state
+    if not req.admin and device.id in state.dedicated:
+        holders = state.dedicated[device.id]
+        return "allocated", "allocated to claim " + ", ".join(holders)
+    taint = untolerated(device, req.tolerations) if device.taints else None
+    if taint is not None:
+        text = f"{taint.get('key')}={taint.get('value', '')}:{taint.get('effect')}"
+        return "taint", f"untolerated taint {text}"
+    capacity_in_use = device.id in state.shared
+    if device.consumes and not (device.allow_multiple and capacity_in_use):
+        left = context.counters_left(device)
+        for set_name, counters in device.consumes:
+            for counter, value in counters.items():
+                have = left.get(set_name, {}).get(counter, Decimal(0))
+                if value > have:
+                    return "counters", (
+                        f"not enough counter {counter} in counter set {set_name}: needs "
+                        f"{display_quantity(value)}, {display_quantity(max(have, Decimal(0)))} left"
+                    )
+    if req.capacity is not None or device.allow_multiple:
+        consumed, problem = consumed_capacity(req.capacity, device)
+        if consumed is None:
+            return "capacity", problem or "capacity does not fit"
+        short = fit(consumed, device, state.consumed.get(device.id), None)
+        if short is not None:
+            holders = state.holders(device.id)
+            if holders:
+                short += " (in use by " + ", ".join(holders) + ")"
+            return "capacity", short
+    return None
+
+
+def _request_rows(key: str, req: Req, context: _Context) -> tuple[list[ExplainRow], bool]:
+    rows: list[ExplainRow] = []
+    available: list[Device] = []
+    matching_unavailable = 0
+    for device in context.devices():
+        found = device_problem(req, device, context)
+        if found is None:
+            available.append(device)
+            rows.append(
+                ExplainRow(
+                    key,
+                    req.full_name,
+                    device.driver,
+                    device.pool.name,
+                    device.name,
+                    AVAILABLE,
+                    "usable for this request",
+                    "ok",
+                )
+            )
+            continue
+        category, reason = found
+        if category in ("allocated", "taint", "counters", "capacity"):
+            matching_unavailable += 1
+        rows.append(
+            ExplainRow(
+                key,
+                req.full_name,
+                device.driver,
+                device.pool.name,
+                device.name,
+                EXCLUDED,
+                reason,
+                category,
+            )
+        )
+    ok = True
+    if req.all_mode:
+        if matching_unavailable:
+            ok = False
+            rows.append(
+                ExplainRow(
+                    key,
+                    req.full_name,
+                    "",
+                    "",
+                    "",
+                    UNSATISFIED,
+                    f"asks for all matching devices; {matching_unavailable} of them are "
+                    "unavailable",
+                    "count",
+                )
+            )
+        elif not available:
+            ok = False
+            rows.append(
+                ExplainRow(
+                    key,
+                    req.full_name,
+                    "",
+                    "",
+                    "",
+                    UNSATISFIED,
+                    "asks for all matching devices, but no device matches",
+                    "count",
+                )
+            )
+    else:
+        need = req.num
+        if len(available) < need:
+            ok = False
+            rows.append(
+                ExplainRow(
+                    key,
+                    req.full_name,
+                    "",
+                    "",
+                    "",
+                    UNSATISFIED,
+                    f"needs {need} device(s), {len(available)} available",
+                    "count",
+                )
+            )
+        elif context.node is None:
+            per_node: Counter[str] = Counter()
+            anywhere = 0
+            for device in available:
+                names = context.nodes_for(device)
+                if "*" in names:
+                    anywhere += 1
+                for name in names:
+                    if name != "*":
+                        per_node[name] += 1
+            best = max(per_node.values(), default=0) + anywhere
+            if best < need:
+                ok = False
+                spread = ", ".join(f"{n}: {c}" for n, c in sorted(per_node.items()))
+                rows.append(
+                    ExplainRow(
+                        key,
+                        req.full_name,
+                        "",
+                        "",
+                        "",
+                        UNSATISFIED,
+                        f"needs {need} device(s) usable from one node; available per "
+                        f"node: {spread or 'none'}",
+                        "count",
+                    )
+                )
+    return rows, ok
+
+
+def _claim_rows(
+    key: str,
+    claim: Mapping[str, Any],
+    constraints: list[Any],
+    allocator: Allocator,
+    state: AllocatedState,
+    node: Mapping[str, Any] | NodeInfo | str | None,
+    nodes: Sequence[Mapping[str, Any] | NodeInfo | str] | None,
+    context: _Context,
+) -> list[ExplainRow]:
+    def attempt(keep: int) -> Outcome:
+        trimmed = copy.deepcopy(dict(claim))
+        raw = trimmed.setdefault("spec", {}).setdefault("devices", {})
+        raw["constraints"] = list((raw.get("constraints") or [])[:keep])
+        return allocator.allocate([trimmed], state, node=node, nodes=nodes)
+
+    if constraints and attempt(0).ok:
+        for keep in range(1, len(constraints) + 1):
+            if not attempt(keep).ok:
+                constraint = constraints[keep - 1]
+                return [
+                    ExplainRow(
+                        key,
+                        "",
+                        "",
+                        "",
+                        "",
+                        UNSATISFIED,
+                        f"{constraint.describe()} cannot be satisfied together with the "
+                        f"earlier constraints; {_values(claim, constraint, context)}",
+                        "constraint",
+                    )
+                ]
+    return [
+        ExplainRow(
+            key,
+            "",
+            "",
+            "",
+            "",
+            UNSATISFIED,
+            "each request can be satisfied on its own, but not all of them together "
+            "(they compete for the same devices, counters or capacity, or need more than one "
+            "node)",
+            "count",
+        )
+    ]
+
+
+def _values(claim: Mapping[str, Any], constraint: Any, context: _Context) -> str:
+    """The attribute values available to each request the constraint covers."""
+    parts = []
+    requests = ((claim.get("spec") or {}).get("devices") or {}).get("requests") or []
+    for request in requests:
+        name = str(request.get("name", ""))
+        alternatives: list[tuple[str | None, Any]] = (
+            [(None, request["exactly"])]
+            if request.get("exactly") is not None
+            else [(str(s.get("name", "")), s) for s in request.get("firstAvailable") or []]
+        )
+        for sub, spec in alternatives:
+            try:
+                req = build_request(context.inventory, 0, claim, name, sub, spec)
+            except AllocationError:
+                continue
+            if not constraint.applies(req):
+                continue
+            values: dict[str, list[str]] = defaultdict(list)
+            for device in context.devices():
+                if device_problem(req, device, context) is None:
+                    value = device.attribute(constraint.attribute)
+                    shown = "(unset)" if value is None else str(value[1])
+                    values[shown].append(device.name)
+            listing = "; ".join(
+                f"{v}: {', '.join(names[:4])}{' …' if len(names) > 4 else ''}"
+                for v, names in sorted(values.items())
+            )
+            parts.append(f"{req.full_name} → {listing or 'no available device'}")
+    return "values of available devices: " + (" | ".join(parts) or "none")
+
+
+def format_table(rows: Sequence[ExplainRow], *, include_available: bool = True) -> str:
+    """A plain-text table: REQUEST DRIVER POOL DEVICE VERDICT REASON."""
+    header = ("REQUEST", "DRIVER", "POOL", "DEVICE", "VERDICT", "REASON")
+    lines = [
+        (r.request or "-", r.driver or "-", r.pool or "-", r.device or "-", r.verdict, r.reason)
+        for r in rows
+        if include_available or r.verdict != AVAILABLE
+    ]
+    widths = [
+        max([len(header[i]), *(len(line[i]) for line in lines)]) for i in range(len(header) - 1)
+    ]
+    out = []
+    for line in [header, *lines]:
+        cells = [cell.ljust(widths[i]) for i, cell in enumerate(line[:-1])]
+        out.append("  ".join([*cells, line[-1]]).rstrip())
+    return "\n".join(out)
+
+
+def summarize(rows: Sequence[ExplainRow], max_length: int = 1024) -> str:
+    """One message for an event or condition: per request, what excluded how many devices."""
+    if not rows:
+        return ""
+    if all(r.verdict == ALLOCATED for r in rows):
+        return "allocatable: " + ", ".join(f"{r.request}={r.pool}/{r.device}" for r in rows)
+    parts: list[str] = []
+    for row in rows:
+        if row.verdict in (ERROR, UNSATISFIED) and not row.request:
+            parts.append(row.reason)
+    by_request: dict[str, list[ExplainRow]] = defaultdict(list)
+    for row in rows:
+        if row.request:
+            by_request[row.request].append(row)
+    for request, request_rows in by_request.items():
+        problems = [r for r in request_rows if r.verdict in (ERROR, UNSATISFIED)]
+        if not problems:
+            continue
+        devices = [r for r in request_rows if r.device]
+        available = sum(1 for r in devices if r.verdict == AVAILABLE)
+        reasons: Counter[str] = Counter()
+        holders: list[str] = []
+        for r in devices:
+            if r.verdict != EXCLUDED:
+                continue
+            if r.category == "allocated":
+                reasons["allocated to other claims"] += 1
+                for holder in r.reason.removeprefix("allocated to claim ").split(", "):
+                    if holder not in holders:
+                        holders.append(holder)
+            else:
+                reasons[r.reason] += 1
+        detail = "; ".join(
+            f"{count} x {reason}"
+            + (
+                f" ({', '.join(holders[:5])}{' …' if len(holders) > 5 else ''})"
+                if reason == "allocated to other claims"
+                else ""
+            )
+            for reason, count in reasons.most_common(4)
+        )
+        head = "; ".join(p.reason for p in problems)
+        text = f"request {request}: {head}"
+        if devices:
+            text += f" ({available} of {len(devices)} devices available"
+            text += f"; excluded: {detail})" if detail else ")"
+        parts.append(text)
+    message = ". ".join(parts) or "cannot be allocated"
+    if len(message) > max_length:
+        message = message[: max_length - 1] + "…"
+    return message

@@ -1,0 +1,135 @@
+"""What is already allocated: devices, shares of multi-allocatable devices, their capacity.
+
+Built the way the scheduler gathers its allocated state from every allocated claim:
+
+* results with ``adminAccess: true`` do not count (admin access never takes a device);
+* results with a ``shareID`` are shares of a multi-allocatable device: the device stays
+  allocatable, but its ``consumedCapacity`` adds up;
+* every other result takes the device exclusively.
+
+The state also remembers which claim holds what, so explanations can say "allocated to
+claim ns/name". Claims are keyed by ``namespace/name`` (or whatever key the caller uses
+with :meth:`AllocatedState.add`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from decimal import Decimal
+from typing import Any
+
+from dradriver.devices.quantity import QuantityError, parse_quantity
+
+__all__ = ["AllocatedState", "DeviceID", "claim_key", "qualify"]
+
+DeviceID = tuple[str, str, str]
+"""(driver, pool, device)."""
+
+
+def qualify(name: str, driver: str) -> str:
+    """A capacity/attribute name with its domain (the driver's when it has none)."""
+    return name if "/" in name else f"{driver}/{name}"
+
+
+def claim_key(claim: Mapping[str, Any]) -> str:
+    meta = claim.get("metadata") or {}
+    namespace = meta.get("namespace") or ""
+    return f"{namespace}/{meta.get('name', '')}" if namespace else str(meta.get("name", ""))
+
+
+@dataclass
+class _Held:
+    device: DeviceID
+    share_id: str | None
+    consumed: dict[str, Decimal]
+
+
+@dataclass
+class AllocatedState:
+    """Devices held by allocated claims; mutable so callers can keep it up to date."""
+
+    dedicated: dict[DeviceID, list[str]] = field(default_factory=dict)
+    """Devices taken exclusively, with the claims holding them."""
+    shared: dict[DeviceID, dict[str, str]] = field(default_factory=dict)
+    """Multi-allocatable devices: share ID → holding claim."""
+    consumed: dict[DeviceID, dict[str, Decimal]] = field(default_factory=dict)
+    """Capacity consumed on multi-allocatable devices (fully-qualified names)."""
+    _by_claim: dict[str, list[_Held]] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def from_claims(cls, claims: Iterable[Mapping[str, Any]]) -> AllocatedState:
+        state = cls()
+        for claim in claims:
+            allocation = (claim.get("status") or {}).get("allocation")
+            if allocation:
+                state.add(claim_key(claim), allocation)
+        return state
+
+    def copy(self) -> AllocatedState:
+        state = AllocatedState()
+        for key, held in self._by_claim.items():
+            for item in held:
+                state._hold(key, item)
+        return state
+
+    def claims(self) -> list[str]:
+        return list(self._by_claim)
+
+    def add(self, key: str, allocation: Mapping[str, Any]) -> None:
+        """Record the devices of ``allocation`` (an AllocationResult) as held by ``key``."""
+        if key in self._by_claim:
+            self.remove(key)
+        self._by_claim[key] = []
+        for result in (allocation.get("devices") or {}).get("results") or []:
+            if result.get("adminAccess"):
+                continue
+            driver = str(result.get("driver", ""))
+            device: DeviceID = (driver, str(result.get("pool", "")), str(result.get("device", "")))
+            share_id = result.get("shareID")
+            consumed: dict[str, Decimal] = {}
+            for name, value in (result.get("consumedCapacity") or {}).items():
+                try:
+                    consumed[qualify(name, driver)] = parse_quantity(str(value))
+                except QuantityError:
+                    continue
+            self._hold(key, _Held(device, str(share_id) if share_id else None, consumed))
+
+    def _hold(self, key: str, held: _Held) -> None:
+        self._by_claim.setdefault(key, []).append(held)
+        if held.share_id is None:
+            self.dedicated.setdefault(held.device, []).append(key)
+            return
+        self.shared.setdefault(held.device, {})[held.share_id] = key
+        total = self.consumed.setdefault(held.device, {})
+        for name, value in held.consumed.items():
+            total[name] = total.get(name, Decimal(0)) + value
+
+    def remove(self, key: str) -> None:
+        """Forget what claim ``key`` holds (it was deallocated)."""
+        for held in self._by_claim.pop(key, []):
+            if held.share_id is None:
+                holders = self.dedicated.get(held.device, [])
+                if key in holders:
+                    holders.remove(key)
+                if not holders:
+                    self.dedicated.pop(held.device, None)
+                continue
+            shares = self.shared.get(held.device, {})
+            shares.pop(held.share_id, None)
+            if not shares:
+                self.shared.pop(held.device, None)
+                self.consumed.pop(held.device, None)
+                continue
+            total = self.consumed.get(held.device, {})
+            for name, value in held.consumed.items():
+                total[name] = total.get(name, Decimal(0)) - value
+
+    def is_allocated(self, device: DeviceID) -> bool:
+        """Held exclusively or through any share (it then consumes its counters)."""
+        return device in self.dedicated or device in self.shared
+
+    def holders(self, device: DeviceID) -> list[str]:
+        return list(self.dedicated.get(device, [])) + sorted(
+            set(self.shared.get(device, {}).values())
+        )
