@@ -15,7 +15,7 @@ from dradriver.log import configure
 
 def _cluster(args: argparse.Namespace) -> LocalCluster:
     gates = parse_feature_gates(args.feature_gates or "")
-    return LocalCluster(Layout(state_dir=args.state_dir), gates)
+    return LocalCluster(Layout(state_dir=args.state_dir, nodes=args.nodes), gates)
 
 
 def cmd_build(args: argparse.Namespace) -> int:
@@ -46,7 +46,8 @@ def cmd_status(args: argparse.Namespace) -> int:
         print("no local cluster")
         return 1
     print(f"kubeconfig: {state.kubeconfig}")
-    print(f"node:       {state.node_name} (kubelet root {state.kubelet_root})")
+    nodes = ", ".join(state.nodes or [state.node_name])
+    print(f"nodes:      {nodes} (node-1 kubelet root {state.kubelet_root})")
     gates = ", ".join(f"{k}={v}" for k, v in state.feature_gates.items()) or "1.36 defaults"
     print(f"gates:      {gates}")
     print(f"{'COMPONENT':<26}{'PID':>8}  {'STATE':<8}{'PEAK RSS':>10}")
@@ -64,6 +65,15 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from dradriver.demo import run_demo
 
     return run_demo(Layout(state_dir=args.state_dir), parse_feature_gates(args.feature_gates or ""))
+
+
+def cmd_explain(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from dradriver.explaincmd import run_explain
+
+    print(asyncio.run(run_explain(args.claim, args.kubeconfig, not args.only_excluded)))
+    return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -84,6 +94,13 @@ def build_parser() -> argparse.ArgumentParser:
             default=default_state_dir(),
             help="where the cluster keeps its state (default: %(default)s; "
             "env DRADRIVER_CLUSTER_DIR)",
+        )
+        p.add_argument(
+            "--nodes",
+            type=int,
+            default=1,
+            help="number of nodes (kubelets): node-1 uses /var/lib/kubelet, node-K "
+            "/var/lib/kubelet-node-K in its own mount namespace (default: %(default)s)",
         )
         p.add_argument(
             "--feature-gates",
@@ -107,6 +124,19 @@ def build_parser() -> argparse.ArgumentParser:
     with_cluster_opts(
         csub.add_parser("status", help="show components, PIDs and peak RSS")
     ).set_defaults(func=cmd_status)
+    explain = sub.add_parser(
+        "explain",
+        help="why a ResourceClaim is or is not allocated, device by device",
+        description="Runs dradriver's allocator (the scheduler's semantics) for one claim "
+        "against the cluster's slices, classes and other claims, and prints a table: "
+        "for each candidate device, whether it could be allocated and why not.",
+    )
+    explain.add_argument("claim", metavar="NAMESPACE/CLAIM")
+    explain.add_argument("--kubeconfig", help="kubeconfig (default: $KUBECONFIG, ~/.kube/config)")
+    explain.add_argument(
+        "--only-excluded", action="store_true", help="leave out devices that could be allocated"
+    )
+    explain.set_defaults(func=cmd_explain)
     with_cluster_opts(
         sub.add_parser("demo", help="start a cluster, run the example, tear down")
     ).set_defaults(func=cmd_demo)
@@ -118,7 +148,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     configure(args.log_level)
     try:
         code: int = args.func(args)
-    except (ClusterError, BinaryError, ComponentDied, ValueError) as e:
+    except (ClusterError, BinaryError, ComponentDied, ValueError, RuntimeError) as e:
         print(f"dradriver: error: {e}", file=sys.stderr)
         return 1
     return code

@@ -37,7 +37,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.fixture(scope="session")
 def local_cluster() -> Iterator[LocalCluster]:
     gates = parse_feature_gates(os.environ.get("DRADRIVER_FEATURE_GATES", ""))
-    with running_cluster(Layout(state_dir=default_state_dir()), gates) as (cluster, _, _):
+    layout = Layout(
+        state_dir=default_state_dir(), nodes=int(os.environ.get("DRADRIVER_NODES", "1"))
+    )
+    with running_cluster(layout, gates) as (cluster, _, _):
         yield cluster
 
 

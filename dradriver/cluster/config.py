@@ -60,6 +60,38 @@ class Ports:
 
 
 @dataclass(frozen=True)
+class NodeLayout:
+    """One kubelet's node: name, root dir, ports, runtime socket.
+
+    Node 1 uses the standard /var/lib/kubelet; further nodes get their own root
+    dir and ports so several kubelets share this machine. The device manager's
+    dir (/var/lib/kubelet/device-plugins) does not follow --root-dir, so those
+    kubelets run in their own mount namespace with ``device_plugins`` mounted
+    over it.
+    """
+
+    index: int
+    name: str
+    root: Path
+    port: int
+    healthz_port: int
+    cri_socket: Path
+    config: Path
+    device_plugins: Path | None
+    pod_logs: Path
+
+    @property
+    def marker(self) -> Path:
+        # Marks a kubelet root dir as ours, so teardown may delete it.
+        return self.root / ".dradriver-local-cluster"
+
+    @property
+    def user(self) -> str:
+        """The kubeconfig/certificate name of this node's kubelet."""
+        return "kubelet" if self.index == 1 else f"kubelet-{self.name}"
+
+
+@dataclass(frozen=True)
 class Layout:
     """Every path the cluster uses; all state lives under ``state_dir``, never in a repo."""
 
@@ -67,6 +99,32 @@ class Layout:
     kubelet_root: Path = Path("/var/lib/kubelet")
     node_name: str = NODE_NAME
     ports: Ports = field(default_factory=Ports)
+    nodes: int = 1
+
+    def node(self, index: int) -> NodeLayout:
+        """Node ``index`` (1-based)."""
+        if index == 1:
+            name, root = self.node_name, self.kubelet_root
+            port, healthz, device_plugins = self.ports.kubelet, self.ports.kubelet_healthz, None
+        else:
+            name = f"node-{index}"
+            root = self.kubelet_root.with_name(f"{self.kubelet_root.name}-{name}")
+            port, healthz = 11250 + index, 11350 + index
+            device_plugins = self.state_dir / name / "device-plugins"
+        return NodeLayout(
+            index=index,
+            name=name,
+            root=root,
+            port=port,
+            healthz_port=healthz,
+            cri_socket=self.state_dir / "run" / f"fakecri-{name}.sock",
+            config=self.state_dir / f"kubelet-{name}.yaml",
+            device_plugins=device_plugins,
+            pod_logs=self.state_dir / "pod-logs" / name,
+        )
+
+    def all_nodes(self) -> list[NodeLayout]:
+        return [self.node(i) for i in range(1, self.nodes + 1)]
 
     @property
     def state_file(self) -> Path:
@@ -101,11 +159,11 @@ class Layout:
 
     @property
     def cri_socket(self) -> Path:
-        return self.state_dir / "run" / f"fakecri-{self.node_name}.sock"
+        return self.node(1).cri_socket
 
     @property
     def kubelet_config(self) -> Path:
-        return self.state_dir / f"kubelet-{self.node_name}.yaml"
+        return self.node(1).config
 
     @property
     def apiserver_url(self) -> str:
@@ -113,8 +171,7 @@ class Layout:
 
     @property
     def marker(self) -> Path:
-        # Marks a kubelet root dir as ours, so teardown may delete it.
-        return self.kubelet_root / ".dradriver-local-cluster"
+        return self.node(1).marker
 
 
 def write_kubeconfig(path: Path, server: str, ca: Path, cert: Path, key: Path, user: str) -> None:
@@ -145,7 +202,7 @@ def write_kubeconfig(path: Path, server: str, ca: Path, cert: Path, key: Path, u
 
 
 def kubelet_config(
-    layout: Layout,
+    node: NodeLayout,
     ca: Path,
     serving_cert: Path,
     serving_key: Path,
@@ -156,10 +213,10 @@ def kubelet_config(
         "apiVersion": "kubelet.config.k8s.io/v1beta1",
         "kind": "KubeletConfiguration",
         "address": "127.0.0.1",
-        "port": layout.ports.kubelet,
+        "port": node.port,
         "readOnlyPort": 0,
         "healthzBindAddress": "127.0.0.1",
-        "healthzPort": layout.ports.kubelet_healthz,
+        "healthzPort": node.healthz_port,
         "tlsCertFile": str(serving_cert),
         "tlsPrivateKeyFile": str(serving_key),
         "authentication": {
@@ -168,7 +225,7 @@ def kubelet_config(
             "x509": {"clientCAFile": str(ca)},
         },
         "authorization": {"mode": "Webhook"},
-        "containerRuntimeEndpoint": f"unix://{layout.cri_socket}",
+        "containerRuntimeEndpoint": f"unix://{node.cri_socket}",
         "cgroupDriver": "cgroupfs",
         "cgroupsPerQOS": False,
         "enforceNodeAllocatable": [],
@@ -186,8 +243,8 @@ def kubelet_config(
         },
         "imageGCHighThresholdPercent": 100,
         "imageGCLowThresholdPercent": 99,
-        "volumePluginDir": str(layout.kubelet_root / "volume-plugins"),
-        "podLogsDir": str(layout.state_dir / "pod-logs" / layout.node_name),
+        "volumePluginDir": str(node.root / "volume-plugins"),
+        "podLogsDir": str(node.pod_logs),
         "resolvConf": "",
         "syncFrequency": "10s",
         "fileCheckFrequency": "10s",

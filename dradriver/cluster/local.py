@@ -10,6 +10,7 @@ the host sysctls the kubelet changes and unmount what it mounted.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import json
 import os
@@ -19,6 +20,7 @@ import subprocess
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +33,7 @@ from dradriver.cluster.config import (
     SERVICE_CIDR,
     SERVICE_IP,
     Layout,
+    NodeLayout,
     format_feature_gates,
     kubelet_config,
     write_kubeconfig,
@@ -66,6 +69,7 @@ class ClusterState:
     kubelet_root: str
     feature_gates: dict[str, bool]
     components: list[ProcessRecord] = field(default_factory=list)
+    nodes: list[str] = field(default_factory=list)
     sysctls: dict[str, str] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)
 
@@ -186,6 +190,7 @@ class LocalCluster:
             node_name=self.layout.node_name,
             kubelet_root=str(self.layout.kubelet_root),
             feature_gates=self.feature_gates,
+            nodes=[n.name for n in self.layout.all_nodes()],
         )
         try:
             self._start(binaries, state, started)
@@ -207,10 +212,11 @@ class LocalCluster:
                 record.stop()
                 log.debug("stopped", component=record.name, pid=record.pid)
             self._restore_sysctls(state.sysctls)
-        unmount_all(self.layout.kubelet_root)
+        for node in self._known_nodes(state):
+            unmount_all(node.root)
+            if node.marker.exists():
+                shutil.rmtree(node.root, ignore_errors=True)
         unmount_all(self.layout.state_dir)
-        if self.layout.marker.exists():
-            shutil.rmtree(self.layout.kubelet_root, ignore_errors=True)
         if self.layout.logs.exists():
             # Keep the logs of the last cluster for diagnosis; `up` starts afresh.
             shutil.rmtree(self.layout.last_logs, ignore_errors=True)
@@ -218,6 +224,10 @@ class LocalCluster:
         if self.layout.state_dir.exists():
             shutil.rmtree(self.layout.state_dir, ignore_errors=True)
         log.info("cluster is down")
+
+    def _known_nodes(self, state: ClusterState | None) -> list[NodeLayout]:
+        count = max(self.layout.nodes, len(state.nodes) if state else 0)
+        return [self.layout.node(i) for i in range(1, count + 1)]
 
     def restart_component(self, name: str, timeout: float = 90) -> None:
         """Stop one component and start it again with the same command line (e.g. the kubelet)."""
@@ -234,11 +244,12 @@ class LocalCluster:
                 "line; restart the cluster (`dradriver cluster down`, then `up`)"
             )
         old.stop()
-        component = Component(name, old.argv, self.layout.workdir(name), Path(old.log))
+        component = Component(name, old.argv, self.layout.workdir(name), Path(old.log), exe=old.exe)
         state.components[index] = component.record
         state.save(self.layout.state_file)
-        if name == "kubelet":
-            healthz = f"http://127.0.0.1:{self.layout.ports.kubelet_healthz}/healthz"
+        node = next((n for n in self.layout.all_nodes() if kubelet_component(n) == name), None)
+        if node is not None:
+            healthz = f"http://127.0.0.1:{node.healthz_port}/healthz"
             wait_for(
                 "kubelet /healthz after restart",
                 lambda: httpx.get(healthz, timeout=2).status_code == 200,
@@ -247,8 +258,8 @@ class LocalCluster:
             )
             with self.api() as api:
                 wait_for(
-                    f"node {state.node_name} Ready after restart",
-                    lambda: node_ready(api, state.node_name),
+                    f"node {node.name} Ready after restart",
+                    lambda: node_ready(api, node.name),
                     timeout,
                     [component],
                 )
@@ -260,11 +271,11 @@ class LocalCluster:
     # ----- start-up ----------------------------------------------------------
 
     def _check_ports(self) -> None:
-        taken = [
-            f"{port} ({owner})"
-            for owner, port in self.layout.ports.by_owner().items()
-            if not _port_free(port)
-        ]
+        owners = dict(self.layout.ports.by_owner())
+        for node in self.layout.all_nodes()[1:]:
+            owners[f"kubelet {node.name}"] = node.port
+            owners[f"kubelet {node.name} (healthz)"] = node.healthz_port
+        taken = [f"{port} ({owner})" for owner, port in owners.items() if not _port_free(port)]
         if taken:
             raise ClusterError(
                 "ports needed by the local cluster are taken: "
@@ -273,14 +284,15 @@ class LocalCluster:
             )
 
     def _check_kubelet_root(self) -> None:
-        root = self.layout.kubelet_root
-        if root.exists() and any(root.iterdir()) and not self.layout.marker.exists():
-            raise ClusterError(
-                f"{root} holds files that dradriver's local cluster did not create "
-                "(another kubelet may use it); move them away before `cluster up`"
-            )
-        root.mkdir(parents=True, exist_ok=True)
-        self.layout.marker.write_text("created by dradriver cluster up\n")
+        for node in self.layout.all_nodes():
+            root = node.root
+            if root.exists() and any(root.iterdir()) and not node.marker.exists():
+                raise ClusterError(
+                    f"{root} holds files that dradriver's local cluster did not create "
+                    "(another kubelet may use it); move them away before `cluster up`"
+                )
+            root.mkdir(parents=True, exist_ok=True)
+            node.marker.write_text("created by dradriver cluster up\n")
 
     def _pki(self) -> None:
         p = self.layout.pki
@@ -311,13 +323,13 @@ class LocalCluster:
             client=True,
         )
         front.issue(pair("front-proxy-client"), "front-proxy-client", client=True)
-        node = self.layout.node_name
-        clients = {
+        clients: dict[str, tuple[str, tuple[str, ...]]] = {
             "admin": ("kubernetes-admin", ("system:masters",)),
             "controller-manager": ("system:kube-controller-manager", ()),
             "scheduler": ("system:kube-scheduler", ()),
-            "kubelet": (f"system:node:{node}", ("system:nodes",)),
         }
+        for node in self.layout.all_nodes():
+            clients[node.user] = (f"system:node:{node.name}", ("system:nodes",))
         for user, (cn, orgs) in clients.items():
             ca.issue(pair(user), cn, orgs=orgs, client=True)
             target = (
@@ -331,9 +343,14 @@ class LocalCluster:
                 p / f"{user}.key",
                 user,
             )
-        ca.issue(
-            pair("kubelet-serving"), node, server=True, dns=(node, "localhost"), ips=("127.0.0.1",)
-        )
+        for node in self.layout.all_nodes():
+            ca.issue(
+                pair(f"{node.user}-serving"),
+                node.name,
+                server=True,
+                dns=(node.name, "localhost"),
+                ips=("127.0.0.1",),
+            )
 
     def _start(self, bins: KubeBinaries, state: ClusterState, t0: float) -> None:
         layout, p = self.layout, self.layout.pki
@@ -341,8 +358,10 @@ class LocalCluster:
         gate_flags = [f"--feature-gates={gates}"] if gates else []
         running: list[Component] = []
 
-        def start(name: str, argv: list[str]) -> Component:
-            component = Component(name, argv, layout.workdir(name), layout.logs / f"{name}.log")
+        def start(name: str, argv: list[str], exe: str | None = None) -> Component:
+            component = Component(
+                name, argv, layout.workdir(name), layout.logs / f"{name}.log", exe=exe
+            )
             running.append(component)
             state.components.append(component.record)
             state.save(layout.state_file)
@@ -470,39 +489,42 @@ class LocalCluster:
             )
         mark("control-plane")
 
-        layout.cri_socket.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        start("fakecri", [str(bins["fakecri"]), f"--endpoint=unix://{layout.cri_socket}"])
-        wait_for("fake CRI socket", layout.cri_socket.exists, 30, running)
-
         state.sysctls = self._save_sysctls()
         state.save(layout.state_file)
-        write_yaml(
-            layout.kubelet_config,
-            kubelet_config(
-                layout,
-                p / "ca.crt",
-                p / "kubelet-serving.crt",
-                p / "kubelet-serving.key",
-                self.feature_gates,
-            ),
-        )
-        start(
-            "kubelet",
-            [
-                str(bins["kubelet"]),
-                f"--config={layout.kubelet_config}",
-                f"--kubeconfig={layout.kubeconfig('kubelet')}",
-                f"--hostname-override={layout.node_name}",
-                f"--root-dir={layout.kubelet_root}",
-            ],
-        )
-        with self.api() as api:
-            wait_for(
-                f"node {layout.node_name} Ready",
-                lambda: node_ready(api, layout.node_name),
-                90,
-                running,
+        for node in layout.all_nodes():
+            node.cri_socket.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            start(
+                fakecri_component(node),
+                [str(bins["fakecri"]), f"--endpoint=unix://{node.cri_socket}"],
             )
+            wait_for(f"fake CRI socket of {node.name}", node.cri_socket.exists, 30, running)
+            write_yaml(
+                node.config,
+                kubelet_config(
+                    node,
+                    p / "ca.crt",
+                    p / f"{node.user}-serving.crt",
+                    p / f"{node.user}-serving.key",
+                    self.feature_gates,
+                ),
+            )
+            argv = [
+                str(bins["kubelet"]),
+                f"--config={node.config}",
+                f"--kubeconfig={layout.kubeconfig(node.user)}",
+                f"--hostname-override={node.name}",
+                f"--root-dir={node.root}",
+            ]
+            start(
+                kubelet_component(node),
+                isolate_device_plugins(node, argv),
+                exe=str(bins["kubelet"]),
+            )
+        with self.api() as api:
+            for node in layout.all_nodes():
+                wait_for(
+                    f"node {node.name} Ready", partial(node_ready, api, node.name), 90, running
+                )
             mark("node-ready")
             # Pods cannot be created in a namespace before its ServiceAccount exists.
             wait_for(
@@ -528,6 +550,38 @@ class LocalCluster:
                 log.warning("could not restore sysctl", key=key, value=value, error=str(e))
 
 
+def kubelet_component(node: NodeLayout) -> str:
+    return "kubelet" if node.index == 1 else f"kubelet-{node.name}"
+
+
+def fakecri_component(node: NodeLayout) -> str:
+    return "fakecri" if node.index == 1 else f"fakecri-{node.name}"
+
+
+def isolate_device_plugins(node: NodeLayout, argv: list[str]) -> list[str]:
+    """Run an extra node's kubelet with its own /var/lib/kubelet/device-plugins.
+
+    The device manager's directory is fixed; without a mount namespace a
+    second kubelet would take over the first one's kubelet.sock.
+    """
+    if node.device_plugins is None:
+        return argv
+    node.device_plugins.mkdir(parents=True, exist_ok=True, mode=0o755)
+    target = "/var/lib/kubelet/device-plugins"
+    script = f'mkdir -p {target} && mount --bind "$0" {target} && exec "$@"'
+    return [
+        "unshare",
+        "--mount",
+        "--propagation",
+        "slave",
+        "sh",
+        "-c",
+        script,
+        str(node.device_plugins),
+        *argv,
+    ]
+
+
 def node_ready(api: AdminAPI, node: str) -> bool:
     obj = api.get_or_none(f"/api/v1/nodes/{node}")
     if obj is None:
@@ -547,14 +601,21 @@ def running_cluster(
     """
     cluster = LocalCluster(layout, feature_gates)
     state = cluster.running()
-    if state is not None and state.feature_gates == (feature_gates or {}):
-        yield cluster, state, False
-        return
     if state is not None:
-        raise AlreadyRunning(
-            "a local cluster runs with other feature gates "
-            f"({format_feature_gates(state.feature_gates) or 'defaults'}); stop it first"
-        )
+        running_nodes = len(state.nodes) or 1
+        if state.feature_gates != (feature_gates or {}):
+            raise AlreadyRunning(
+                "a local cluster runs with other feature gates "
+                f"({format_feature_gates(state.feature_gates) or 'defaults'}); stop it first"
+            )
+        if running_nodes < layout.nodes:
+            raise AlreadyRunning(
+                f"a local cluster runs with {running_nodes} node(s), {layout.nodes} are needed; "
+                "stop it first (`dradriver cluster down`)"
+            )
+        reused = LocalCluster(dataclasses.replace(layout, nodes=running_nodes), feature_gates)
+        yield reused, state, False
+        return
     state = cluster.up()
     try:
         yield cluster, state, True

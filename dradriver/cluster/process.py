@@ -104,7 +104,9 @@ class Component:
         workdir: Path,
         log_path: Path,
         env: dict[str, str] | None = None,
+        exe: str | None = None,
     ) -> None:
+        """``exe``: the program the process ends up running, if argv[0] execs another."""
         workdir.mkdir(parents=True, exist_ok=True, mode=0o700)
         log_path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         self.name = name
@@ -124,7 +126,7 @@ class Component:
         self.record = ProcessRecord(
             name=name,
             pid=self._proc.pid,
-            exe=os.path.realpath(argv[0]),
+            exe=os.path.realpath(exe or argv[0]),
             log=str(log_path),
             argv=list(argv),
         )

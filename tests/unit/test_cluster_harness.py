@@ -37,7 +37,9 @@ def test_feature_gates_reject_bad_input(bad: str) -> None:
 
 def test_kubelet_config_has_the_settings_this_machine_needs(tmp_path: Path) -> None:
     layout = Layout(state_dir=tmp_path)
-    cfg = kubelet_config(layout, tmp_path / "ca", tmp_path / "c", tmp_path / "k", {"X": True})
+    cfg = kubelet_config(
+        layout.node(1), tmp_path / "ca", tmp_path / "c", tmp_path / "k", {"X": True}
+    )
     assert cfg["failCgroupV1"] is False
     assert cfg["address"] == "127.0.0.1"
     assert cfg["readOnlyPort"] == 0
@@ -135,3 +137,15 @@ def test_source_key_follows_the_go_module(tmp_path: Path) -> None:
     assert binaries.source_key(tmp_path) == before
     (tmp_path / "go.mod").write_text("module a\nrequire b v1\n")
     assert binaries.source_key(tmp_path) != before
+
+
+def test_extra_nodes_get_their_own_root_ports_and_device_plugin_dir(tmp_path: Path) -> None:
+    layout = Layout(state_dir=tmp_path, nodes=3)
+    nodes = layout.all_nodes()
+    assert [n.name for n in nodes] == ["node-1", "node-2", "node-3"]
+    assert nodes[0].root == Path("/var/lib/kubelet") and nodes[0].device_plugins is None
+    assert nodes[1].root == Path("/var/lib/kubelet-node-2")
+    ports = [p for n in nodes for p in (n.port, n.healthz_port)]
+    assert len(set(ports)) == len(ports)
+    assert len({n.cri_socket for n in nodes}) == 3
+    assert all(n.device_plugins for n in nodes[1:])
