@@ -3,29 +3,168 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
+import os
+import signal
 import sys
 from collections.abc import Sequence
 
+from controller.app import ControllerApp, Options
 from dradriver import DEFAULT_DRIVER_NAME
+from dradriver.controllerruntime import LeaderElectionConfig
+from dradriver.httpserver import parse_address
+from dradriver.kube.client import KubeClient, load_connection
+from dradriver.log import configure, get_logger
+
+log = get_logger("controller")
 
 
 def build_parser() -> argparse.ArgumentParser:
+    env = os.environ.get
     parser = argparse.ArgumentParser(
         prog="dradriver-controller",
-        description="Allocates ResourceClaims that carry dradriver parameters, owns "
-        "network-attached device pools and cleans up after deallocation.",
+        description="The control-plane component of dradriver: validates DeviceClaimParameters "
+        "(status condition Valid), resolves the parameters ResourceClaims refer to, and (in "
+        "later releases) allocates claims that ask for it and owns network-attached device "
+        "pools. Several replicas may run; one leads, chosen through a Lease.",
     )
     parser.add_argument(
-        "--driver-name", default=DEFAULT_DRIVER_NAME, help="DRA driver name (default: %(default)s)"
+        "--driver-name",
+        default=env("DRADRIVER_DRIVER_NAME", DEFAULT_DRIVER_NAME),
+        help="DRA driver name, also the API group of the CRDs (default: %(default)s)",
     )
-    parser.add_argument("--kubeconfig", help="kubeconfig path (default: in-cluster config)")
+    parser.add_argument(
+        "--kubeconfig",
+        default=env("KUBECONFIG"),
+        help="kubeconfig path (default: $KUBECONFIG, else the in-cluster service account)",
+    )
+    parser.add_argument(
+        "--leader-elect",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="compete for a Lease and act only while holding it (default: on); turn off only "
+        "when exactly one replica runs",
+    )
+    parser.add_argument(
+        "--lease-namespace",
+        default=env("POD_NAMESPACE", "dradriver"),
+        help="namespace of the Lease (default: $POD_NAMESPACE, else %(default)s)",
+    )
+    parser.add_argument(
+        "--lease-name",
+        default="dradriver-controller",
+        help="name of the Lease (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--lease-duration",
+        type=float,
+        default=15.0,
+        help="seconds a standby waits after the last renewal it saw before taking over "
+        "(default: %(default)s)",
+    )
+    parser.add_argument(
+        "--renew-deadline",
+        type=float,
+        default=10.0,
+        help="seconds the leader keeps acting without a successful renewal (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--retry-period",
+        type=float,
+        default=2.0,
+        help="seconds between renewals and acquisition attempts (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--identity",
+        default=None,
+        help="this replica's name in the Lease (default: $POD_NAME or hostname, plus a random "
+        "suffix)",
+    )
+    parser.add_argument(
+        "--http-address",
+        default="127.0.0.1:8081",
+        help="/healthz, /readyz (leader, or standby with synced caches) and /metrics "
+        "(default: %(default)s; ':8081' for all interfaces)",
+    )
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=4,
+        help="reconcile workers per controller (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--shutdown-grace",
+        type=float,
+        default=10.0,
+        help="seconds in-flight reconciles may take to finish on SIGTERM (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--log-level", default="info", choices=["debug", "info", "warning", "error"]
+    )
     return parser
 
 
+def options_from(args: argparse.Namespace) -> Options:
+    """Validated options; ValueError names the flag."""
+    try:
+        parse_address(args.http_address)
+    except ValueError as e:
+        raise ValueError(f"--http-address: {e}") from e
+    if args.workers < 1:
+        raise ValueError("--workers must be at least 1")
+    try:
+        LeaderElectionConfig(
+            args.lease_namespace,
+            args.lease_name,
+            identity="check",
+            lease_duration=args.lease_duration,
+            renew_deadline=args.renew_deadline,
+            retry_period=args.retry_period,
+        )
+    except ValueError as e:
+        raise ValueError(f"--lease-duration/--renew-deadline/--retry-period: {e}") from e
+    return Options(
+        driver_name=args.driver_name,
+        leader_elect=args.leader_elect,
+        lease_namespace=args.lease_namespace,
+        lease_name=args.lease_name,
+        lease_duration=args.lease_duration,
+        renew_deadline=args.renew_deadline,
+        retry_period=args.retry_period,
+        identity=args.identity,
+        http_address=args.http_address,
+        workers=args.workers,
+        shutdown_grace=args.shutdown_grace,
+    )
+
+
+async def _main(options: Options, kubeconfig: str | None) -> int:
+    client = KubeClient(load_connection(kubeconfig), "dradriver-controller")
+    try:
+        app = ControllerApp(options, client)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await app.run(stop)
+        return 0
+    finally:
+        await client.aclose()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    build_parser().parse_args(argv)
-    print("dradriver-controller: not implemented yet", file=sys.stderr)
-    return 2
+    args = build_parser().parse_args(argv)
+    configure(args.log_level)
+    try:
+        options = options_from(args)
+    except ValueError as e:
+        print(f"dradriver-controller: error: {e}", file=sys.stderr)
+        return 2
+    try:
+        return asyncio.run(_main(options, args.kubeconfig))
+    except Exception:
+        log.exception("controller failed")
+        return 1
 
 
 if __name__ == "__main__":

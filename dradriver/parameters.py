@@ -1,0 +1,618 @@
+"""The ``DeviceClaimParameters`` custom resource and how claims refer to it.
+
+The pydantic models below are the single source of truth: they validate objects
+in the controller (and, later, the admission webhook), and :func:`crd` turns
+them into the CustomResourceDefinition's structural OpenAPI v3 schema, committed
+as ``manifests/controller/crd-deviceclaimparameters.yaml``. Regenerate it with::
+
+    python -m dradriver.parameters --write-crd
+
+A unit test fails when the committed file differs from what the models generate.
+
+Claims use parameters through opaque device configuration for this driver,
+either inline or by reference to an object in the claim's namespace::
+
+    config:
+      - opaque:
+          driver: dradriver.dev
+          parameters:                       # inline
+            apiVersion: dradriver.dev/v1alpha1
+            kind: DeviceClaimParameters
+            spec: {profile: fast, env: {MODE: "1"}}
+      - opaque:
+          driver: dradriver.dev
+          parameters:                       # by name
+            apiVersion: dradriver.dev/v1alpha1
+            kind: DeviceClaimParametersReference
+            name: gpu-fast
+
+The node-side settings in a spec (``env``, ``profile``, ``setupArgs``) map onto the
+``DeviceConfig`` parameters the kubelet plugin already understands
+(:mod:`dradriver.opaqueconfig`), see :meth:`DeviceClaimParametersSpec.device_config`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
+
+from dradriver import DEFAULT_DRIVER_NAME
+from dradriver.devices.config import format_location
+from dradriver.opaqueconfig import API_VERSION, ConfigError, DeviceConfig, parse_parameters
+
+VERSION = API_VERSION  # v1alpha1, shared with the DeviceConfig opaque parameters
+KIND = "DeviceClaimParameters"
+LIST_KIND = "DeviceClaimParametersList"
+REFERENCE_KIND = "DeviceClaimParametersReference"
+PLURAL = "deviceclaimparameters"
+SINGULAR = "deviceclaimparameter"
+SHORT_NAMES = ("dcp",)
+VALID_CONDITION = "Valid"
+CRD_FILE = (
+    Path(__file__).resolve().parents[1]
+    / "manifests"
+    / "controller"
+    / ("crd-deviceclaimparameters.yaml")
+)
+
+ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
+DNS_LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+DNS_SUBDOMAIN_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+MAX_ENV = 64
+MAX_SETUP_ARGS = 32  # DeviceConfig.setup_args allows 32
+MAX_SELECTORS = 16
+MAX_COUNT = 32  # an allocation holds at most 32 results
+
+EnvName = Annotated[str, StringConstraints(pattern=ENV_NAME_PATTERN, max_length=128)]
+EnvValue = Annotated[str, StringConstraints(max_length=4096)]
+SetupArg = Annotated[str, StringConstraints(max_length=1024)]
+CELExpression = Annotated[str, StringConstraints(min_length=1, max_length=10 * 1024)]
+
+
+class ParametersError(ValueError):
+    """Invalid parameters or a bad reference; the message starts with the field path."""
+
+
+class AllocationMode(StrEnum):
+    IMMEDIATE = "Immediate"
+    WAIT_FOR_FIRST_CONSUMER = "WaitForFirstConsumer"
+
+
+class DeviceClaimParametersSpec(BaseModel):
+    """Desired device setup and allocation for the claims that use these parameters."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, use_enum_values=True)
+
+    env: dict[EnvName, EnvValue] = Field(
+        default_factory=dict,
+        max_length=MAX_ENV,
+        description="Environment variables for the containers that use the devices.",
+    )
+    profile: Annotated[str, StringConstraints(pattern=DNS_LABEL_PATTERN, max_length=63)] | None = (
+        Field(
+            default=None,
+            description="Device profile, passed to the setup hook as DRADRIVER_PROFILE "
+            "(a DNS label, e.g. 'fast').",
+        )
+    )
+    setup_args: list[SetupArg] = Field(
+        default_factory=list,
+        alias="setupArgs",
+        max_length=MAX_SETUP_ARGS,
+        description="Extra arguments for the device setup hook.",
+    )
+    count: int | None = Field(
+        default=None,
+        ge=1,
+        le=MAX_COUNT,
+        description="How many devices each request gets when the controller allocates "
+        "(default: what the request asks for).",
+    )
+    selectors: list[CELExpression] = Field(
+        default_factory=list,
+        max_length=MAX_SELECTORS,
+        description="Extra CEL device selectors (like a request's selectors[].cel.expression), "
+        "all of which must be true for a device to be chosen.",
+    )
+    allocation_mode: AllocationMode = Field(
+        default=AllocationMode.WAIT_FOR_FIRST_CONSUMER,
+        alias="allocationMode",
+        description="Immediate: the controller allocates claims using these parameters right "
+        "away, without a pod. WaitForFirstConsumer: the scheduler allocates when a pod needs "
+        "the claim.",
+    )
+
+    def device_config(self, driver: str = DEFAULT_DRIVER_NAME) -> dict[str, Any]:
+        """The node-side part as ``DeviceConfig`` opaque parameters (what the plugin reads)."""
+        out: dict[str, Any] = {"apiVersion": f"{driver}/{VERSION}", "kind": "DeviceConfig"}
+        if self.env:
+            out["env"] = dict(self.env)
+        if self.profile is not None:
+            out["profile"] = self.profile
+        if self.setup_args:
+            out["setupArgs"] = list(self.setup_args)
+        return out
+
+    @property
+    def immediate(self) -> bool:
+        return self.allocation_mode == AllocationMode.IMMEDIATE
+
+
+class Condition(BaseModel):
+    """A metav1.Condition."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    type: Annotated[str, StringConstraints(max_length=316)] = Field(
+        description="Condition type, e.g. Valid."
+    )
+    status: Literal["True", "False", "Unknown"]
+    observed_generation: int | None = Field(
+        default=None,
+        ge=0,
+        alias="observedGeneration",
+        description="The .metadata.generation the condition was computed from.",
+    )
+    last_transition_time: str = Field(
+        alias="lastTransitionTime",
+        json_schema_extra={"format": "date-time"},
+        description="When the status last changed.",
+    )
+    reason: Annotated[
+        str,
+        StringConstraints(
+            min_length=1, max_length=1024, pattern=r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$"
+        ),
+    ] = Field(description="A CamelCase reason for the last transition.")
+    message: Annotated[str, StringConstraints(max_length=32768)] = Field(
+        description="A human-readable explanation."
+    )
+
+
+class DeviceClaimParametersStatus(BaseModel):
+    """What the controller observed about these parameters."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    conditions: list[Condition] = Field(
+        default_factory=list,
+        max_length=8,
+        description="Valid: the spec passed the controller's validation.",
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
+    )
+
+
+# --- structural schema ----------------------------------------------------------------
+
+_ALLOWED = {
+    "type",
+    "format",
+    "description",
+    "properties",
+    "required",
+    "items",
+    "additionalProperties",
+    "enum",
+    "default",
+    "minimum",
+    "maximum",
+    "exclusiveMinimum",
+    "exclusiveMaximum",
+    "minLength",
+    "maxLength",
+    "pattern",
+    "minItems",
+    "maxItems",
+    "minProperties",
+    "maxProperties",
+    "nullable",
+}
+
+
+def _cel_string(value: str) -> str:
+    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def structural(
+    schema: dict[str, Any], defs: dict[str, Any] | None = None, at: str = ""
+) -> dict[str, Any]:
+    """A pydantic JSON schema as a Kubernetes structural schema.
+
+    Inlines ``$ref``, turns ``Optional`` (anyOf with null) into the plain type,
+    ``const`` into ``enum``, key patterns (``patternProperties``/``propertyNames``)
+    into an ``x-kubernetes-validations`` CEL rule, and drops ``title`` and
+    ``additionalProperties: false``. Any keyword the apiserver would refuse
+    raises ``ValueError`` naming where it is.
+    """
+    defs = schema.get("$defs", {}) if defs is None else defs
+    node = {k: v for k, v in schema.items() if k not in ("$defs", "title")}
+    if "$ref" in node:
+        name = node.pop("$ref").rsplit("/", 1)[-1]
+        node = {**{k: v for k, v in defs[name].items() if k != "title"}, **node}
+    if "anyOf" in node:
+        options = [o for o in node.pop("anyOf") if o != {"type": "null"}]
+        if len(options) != 1:
+            raise ValueError(f"{at or 'schema'}: anyOf with several types is not structural")
+        node = {**options[0], **node}
+        if "$ref" in node:
+            return structural(node, defs, at)
+    if node.get("default", ...) is None:
+        del node["default"]
+    if "const" in node:
+        node["enum"] = [node.pop("const")]
+    if node.get("additionalProperties") is False:
+        del node["additionalProperties"]
+    key_rules: list[str] = []
+    key_texts: list[str] = []
+    if "patternProperties" in node:
+        patterns = node.pop("patternProperties")
+        if len(patterns) != 1 or "additionalProperties" in node:
+            raise ValueError(f"{at}: only one key pattern is supported")
+        ((pattern, value_schema),) = patterns.items()
+        node["additionalProperties"] = value_schema
+        key_rules.append(f"k.matches({_cel_string(pattern)})")
+        key_texts.append(f"match {pattern}")
+    if "propertyNames" in node:
+        names = dict(node.pop("propertyNames"))
+        if "maxLength" in names:
+            limit = int(names.pop("maxLength"))
+            key_rules.insert(0, f"size(k) <= {limit}")
+            key_texts.append(f"be at most {limit} characters long")
+        if "pattern" in names:
+            pattern = names.pop("pattern")
+            key_rules.append(f"k.matches({_cel_string(pattern)})")
+            key_texts.append(f"match {pattern}")
+        if names:
+            raise ValueError(f"{at}: unsupported propertyNames keywords {sorted(names)}")
+    if key_rules:
+        node.setdefault("x-kubernetes-validations", []).append(
+            {
+                "rule": f"self.all(k, {' && '.join(key_rules)})",
+                "message": f"keys must {' and '.join(key_texts)}",
+            }
+        )
+    for keyword in ("exclusiveMinimum", "exclusiveMaximum"):
+        if keyword in node and not isinstance(node[keyword], bool):
+            bound = "minimum" if keyword == "exclusiveMinimum" else "maximum"
+            node[bound] = node[keyword]
+            node[keyword] = True
+    if "properties" in node:
+        node["properties"] = {
+            name: structural(sub, defs, f"{at}.{name}" if at else name)
+            for name, sub in node["properties"].items()
+        }
+    if "items" in node:
+        node["items"] = structural(node["items"], defs, f"{at}[]")
+    if isinstance(node.get("additionalProperties"), dict):
+        node["additionalProperties"] = structural(node["additionalProperties"], defs, f"{at}{{}}")
+    unsupported = sorted(k for k in node if k not in _ALLOWED and not k.startswith("x-kubernetes-"))
+    if unsupported:
+        raise ValueError(f"{at or 'schema'}: keywords {unsupported} are not allowed in a CRD")
+    if "type" not in node:
+        raise ValueError(f"{at or 'schema'}: every node of a structural schema needs a type")
+    return dict(sorted(node.items(), key=_keyword_order))
+
+
+_FIRST = ("description", "type", "format", "enum", "default")
+_LAST = ("properties", "required", "items", "additionalProperties")
+
+
+def _keyword_order(item: tuple[str, Any]) -> tuple[int, int, str]:
+    key = item[0]
+    if key in _FIRST:
+        return (0, _FIRST.index(key), "")
+    if key in _LAST:
+        return (2, _LAST.index(key), "")
+    if key.startswith("x-kubernetes-"):
+        return (3, 0, key)
+    return (1, 0, key)
+
+
+def _model_schema(model: type[BaseModel]) -> dict[str, Any]:
+    return structural(model.model_json_schema(by_alias=True, mode="validation"))
+
+
+def openapi_schema() -> dict[str, Any]:
+    """The CRD's ``openAPIV3Schema``."""
+    return {
+        "type": "object",
+        "description": "Parameters for dradriver devices, referenced from ResourceClaims through "
+        "opaque device configuration (kind DeviceClaimParametersReference) or copied inline.",
+        "required": ["spec"],
+        "properties": {
+            "apiVersion": {"type": "string"},
+            "kind": {"type": "string"},
+            "metadata": {"type": "object"},
+            "spec": _model_schema(DeviceClaimParametersSpec),
+            "status": _model_schema(DeviceClaimParametersStatus),
+        },
+    }
+
+
+def crd(group: str = DEFAULT_DRIVER_NAME) -> dict[str, Any]:
+    """The CustomResourceDefinition for API group ``group`` (the driver name)."""
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"{PLURAL}.{group}"},
+        "spec": {
+            "group": group,
+            "scope": "Namespaced",
+            "names": {
+                "kind": KIND,
+                "listKind": LIST_KIND,
+                "plural": PLURAL,
+                "singular": SINGULAR,
+                "shortNames": list(SHORT_NAMES),
+                "categories": ["dradriver"],
+            },
+            "versions": [
+                {
+                    "name": VERSION,
+                    "served": True,
+                    "storage": True,
+                    "subresources": {"status": {}},
+                    "additionalPrinterColumns": [
+                        {"name": "Profile", "type": "string", "jsonPath": ".spec.profile"},
+                        {"name": "Mode", "type": "string", "jsonPath": ".spec.allocationMode"},
+                        {
+                            "name": "Valid",
+                            "type": "string",
+                            "jsonPath": '.status.conditions[?(@.type=="Valid")].status',
+                        },
+                        {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+                    ],
+                    "schema": {"openAPIV3Schema": openapi_schema()},
+                }
+            ],
+        },
+    }
+
+
+def crd_yaml(group: str = DEFAULT_DRIVER_NAME) -> str:
+    header = (
+        "# Generated from the pydantic models in dradriver/parameters.py; do not edit.\n"
+        "# Regenerate: python -m dradriver.parameters --write-crd\n"
+    )
+    return header + yaml.safe_dump(crd(group), sort_keys=False, width=100)
+
+
+# --- objects and conditions -----------------------------------------------------------
+
+
+def _errors(prefix: str, error: ValidationError) -> str:
+    details = error.errors(include_url=False)
+    parts = []
+    for d in details:
+        where = format_location(tuple(d["loc"]))
+        message = "unknown field" if d["type"] == "extra_forbidden" else d["msg"]
+        parts.append(f"{prefix}.{where}: {message}" if where else f"{prefix}: {message}")
+    return "; ".join(parts)
+
+
+def parse_spec(spec: Any, where: str = "spec") -> DeviceClaimParametersSpec:
+    """Validate a spec; errors name the field (``spec.count: ...``)."""
+    if not isinstance(spec, dict):
+        raise ParametersError(f"{where}: must be an object, got {type(spec).__name__}")
+    try:
+        return DeviceClaimParametersSpec.model_validate(spec)
+    except ValidationError as e:
+        raise ParametersError(_errors(where, e)) from e
+
+
+def spec_of(obj: dict[str, Any]) -> DeviceClaimParametersSpec:
+    """The validated spec of a DeviceClaimParameters object."""
+    meta = obj.get("metadata") or {}
+    name = f"{meta.get('namespace', '')}/{meta.get('name', '')}"
+    try:
+        return parse_spec(obj.get("spec"))
+    except ParametersError as e:
+        raise ParametersError(f"{KIND} {name}: {e}") from e
+
+
+def now_rfc3339() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def set_condition(
+    conditions: list[dict[str, Any]],
+    type_: str,
+    status: Literal["True", "False", "Unknown"],
+    reason: str,
+    message: str,
+    generation: int | None = None,
+) -> tuple[list[dict[str, Any]], bool]:
+    """Conditions with ``type_`` set; lastTransitionTime changes only with the status.
+
+    Returns the new list and whether anything changed.
+    """
+    out = [copy.deepcopy(c) for c in conditions if c.get("type") != type_]
+    old = next((c for c in conditions if c.get("type") == type_), None)
+    new: dict[str, Any] = {
+        "type": type_,
+        "status": status,
+        "reason": reason,
+        "message": message[:32768],
+        "lastTransitionTime": old["lastTransitionTime"]
+        if old is not None and old.get("status") == status and old.get("lastTransitionTime")
+        else now_rfc3339(),
+    }
+    if generation is not None:
+        new["observedGeneration"] = generation
+    out.append(new)
+    return out, old != new
+
+
+def valid_condition(obj: dict[str, Any]) -> dict[str, Any] | None:
+    for c in (obj.get("status") or {}).get("conditions") or []:
+        if c.get("type") == VALID_CONDITION:
+            return dict(c)
+    return None
+
+
+# --- references from claims -----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class InlineParameters:
+    spec: DeviceClaimParametersSpec
+
+
+@dataclass(frozen=True)
+class ParametersReference:
+    """A DeviceClaimParameters object in the claim's own namespace."""
+
+    name: str
+
+
+ParametersSource = InlineParameters | ParametersReference
+
+
+class _Inline(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    api_version: str = Field(alias="apiVersion")
+    kind: Literal["DeviceClaimParameters"]
+    spec: DeviceClaimParametersSpec
+
+
+class _Reference(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    api_version: str = Field(alias="apiVersion")
+    kind: Literal["DeviceClaimParametersReference"]
+    name: Annotated[str, StringConstraints(pattern=DNS_SUBDOMAIN_PATTERN, max_length=253)]
+
+
+def parse_opaque(
+    driver: str, parameters: Any, where: str = "parameters"
+) -> DeviceConfig | InlineParameters | ParametersReference:
+    """Parse this driver's opaque ``parameters``: DeviceConfig, inline parameters or a reference.
+
+    ``where`` is the path of ``parameters`` in its object, e.g.
+    ``spec.devices.config[0].opaque.parameters``; errors start with it.
+    """
+    if not isinstance(parameters, dict):
+        raise ParametersError(f"{where}: must be an object, got {type(parameters).__name__}")
+    expected = f"{driver}/{VERSION}"
+    kind = parameters.get("kind")
+    kinds = ("DeviceConfig", KIND, REFERENCE_KIND)
+    if kind not in kinds:
+        raise ParametersError(
+            f"{where}.kind: unknown kind {kind!r}; {driver} accepts {', '.join(kinds)}"
+        )
+    if parameters.get("apiVersion") != expected:
+        raise ParametersError(
+            f"{where}.apiVersion: {parameters.get('apiVersion')!r} is not supported; "
+            f"use {expected!r}"
+        )
+    if kind == "DeviceConfig":
+        try:
+            return parse_parameters(driver, parameters, where)
+        except ConfigError as e:
+            raise ParametersError(str(e)) from e
+    try:
+        if kind == KIND:
+            return InlineParameters(_Inline.model_validate(parameters).spec)
+        return ParametersReference(_Reference.model_validate(parameters).name)
+    except ValidationError as e:
+        raise ParametersError(_errors(where, e)) from e
+
+
+@dataclass(frozen=True)
+class ClaimParameters:
+    """One config entry of a claim that carries parameters for this driver."""
+
+    index: int  # in spec.devices.config
+    requests: tuple[str, ...]  # empty: every request
+    source: ParametersSource
+
+    @property
+    def where(self) -> str:
+        return f"spec.devices.config[{self.index}].opaque.parameters"
+
+
+def claim_parameters(driver: str, claim: dict[str, Any]) -> list[ClaimParameters]:
+    """The parameters entries of a ResourceClaim (or template spec) for ``driver``.
+
+    ``DeviceConfig`` entries are left to the kubelet plugin and not returned.
+    Raises :class:`ParametersError` naming the first bad field.
+    """
+    config = ((claim.get("spec") or {}).get("devices") or {}).get("config") or []
+    out = []
+    for index, entry in enumerate(config):
+        opaque = entry.get("opaque") or {}
+        if opaque.get("driver") != driver:
+            continue
+        where = f"spec.devices.config[{index}].opaque.parameters"
+        parsed = parse_opaque(driver, opaque.get("parameters"), where)
+        if isinstance(parsed, DeviceConfig):
+            continue
+        out.append(ClaimParameters(index, tuple(entry.get("requests") or ()), parsed))
+    return out
+
+
+def resolve(
+    entry: ClaimParameters,
+    namespace: str,
+    lookup: Callable[[str, str], dict[str, Any] | None],
+) -> DeviceClaimParametersSpec:
+    """The spec an entry stands for; ``lookup(namespace, name)`` finds referenced objects."""
+    if isinstance(entry.source, InlineParameters):
+        return entry.source.spec
+    obj = lookup(namespace, entry.source.name)
+    if obj is None:
+        raise ParametersError(
+            f"{entry.where}.name: {KIND} {namespace}/{entry.source.name} does not exist"
+        )
+    if (obj.get("metadata") or {}).get("deletionTimestamp"):
+        raise ParametersError(
+            f"{entry.where}.name: {KIND} {namespace}/{entry.source.name} is being deleted"
+        )
+    try:
+        return spec_of(obj)
+    except ParametersError as e:
+        raise ParametersError(f"{entry.where}.name: {e}") from e
+
+
+# --- command line ---------------------------------------------------------------------
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m dradriver.parameters",
+        description="Generate or check the DeviceClaimParameters CRD from its pydantic models.",
+    )
+    action = parser.add_mutually_exclusive_group(required=True)
+    action.add_argument("--write-crd", action="store_true", help="write the CRD YAML")
+    action.add_argument("--check", action="store_true", help="fail if the file is out of date")
+    action.add_argument("--print", action="store_true", help="print the CRD YAML")
+    parser.add_argument("--file", type=Path, default=CRD_FILE, help="default: %(default)s")
+    parser.add_argument("--group", default=DEFAULT_DRIVER_NAME, help="API group = driver name")
+    args = parser.parse_args(argv)
+    text = crd_yaml(args.group)
+    if args.print:
+        sys.stdout.write(text)
+        return 0
+    if args.check:
+        current = args.file.read_text() if args.file.exists() else ""
+        if current != text:
+            print(f"{args.file} is out of date; run python -m dradriver.parameters --write-crd")
+            return 1
+        return 0
+    args.file.parent.mkdir(parents=True, exist_ok=True)
+    args.file.write_text(text)
+    print(f"wrote {args.file}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

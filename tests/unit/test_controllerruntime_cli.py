@@ -1,0 +1,81 @@
+"""dradriver-controller: flags, option checks and readiness (no cluster)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from controller.app import ControllerApp, Options
+from controller.main import build_parser, main, options_from
+from dradriver.kube.client import KubeClient
+
+
+def test_help_lists_the_flags(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["--help"])
+    assert info.value.code == 0
+    out = capsys.readouterr().out
+    for flag in (
+        "--kubeconfig",
+        "--driver-name",
+        "--leader-elect",
+        "--no-leader-elect",
+        "--lease-namespace",
+        "--lease-name",
+        "--http-address",
+        "--log-level",
+    ):
+        assert flag in out
+
+
+def test_defaults() -> None:
+    options = options_from(build_parser().parse_args([]))
+    assert options.driver_name == "dradriver.dev"
+    assert options.leader_elect
+    assert (options.lease_duration, options.renew_deadline, options.retry_period) == (15, 10, 2)
+    assert options.lease_name == "dradriver-controller"
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--http-address", "nowhere"], "--http-address"),
+        (["--workers", "0"], "--workers"),
+        (["--renew-deadline", "20"], "lease_duration must be greater than renew_deadline"),
+        (["--retry-period", "9"], "renew_deadline must be greater than retry_period"),
+    ],
+)
+def test_bad_options_exit_2_naming_the_flag(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(argv) == 2
+    assert message in capsys.readouterr().err
+
+
+class _NoServer(KubeClient):
+    def __init__(self) -> None:  # never talks to a server
+        pass
+
+
+def test_readiness_standby_needs_synced_caches() -> None:
+    async def scenario() -> None:
+        app = ControllerApp(Options(driver_name="dradriver.dev"), _NoServer())
+        ok, reason = app.ready()
+        assert not ok and reason == "caches not synced: resourceclaims, deviceclaimparameters"
+        app.parameters.last_error = "403 Forbidden"
+        assert "deviceclaimparameters (403 Forbidden)" in app.ready()[1]
+        for informer in app.informers:
+            informer._synced.set()
+        ok, reason = app.ready()
+        assert ok and reason == "standby with synced caches (leader: none)"
+
+        single = ControllerApp(
+            Options(driver_name="dradriver.dev", leader_elect=False), _NoServer()
+        )
+        assert not single.ready()[0]
+        for informer in single.informers:
+            informer._synced.set()
+        assert single.ready() == (True, "caches synced (no leader election)")
+
+    asyncio.run(scenario())

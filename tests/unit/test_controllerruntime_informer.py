@@ -1,0 +1,343 @@
+"""Informer against a scripted list/watch client: resume, bookmarks, 410 relist, backoff."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable, Coroutine
+from typing import Any
+
+import pytest
+
+from dradriver.controllerruntime import Backoff, Informer, RuntimeMetrics
+from dradriver.kube.client import KubeAPIError
+
+Obj = dict[str, Any]
+DEADLINE = 5.0
+
+
+def run(coro: Coroutine[Any, Any, None]) -> None:
+    asyncio.run(asyncio.wait_for(coro, 30))
+
+
+async def eventually(what: str, cond: Callable[[], bool], deadline: float = DEADLINE) -> None:
+    loop = asyncio.get_running_loop()
+    end = loop.time() + deadline
+    while not cond():
+        if loop.time() > end:
+            raise AssertionError(f"timed out after {deadline}s waiting for {what}")
+        await asyncio.sleep(0.005)
+
+
+def cm(name: str, rv: int, ns: str = "ns") -> Obj:
+    return {"metadata": {"namespace": ns, "name": name, "resourceVersion": str(rv)}}
+
+
+def ev(kind: str, obj: Obj) -> Obj:
+    return {"type": kind, "object": obj}
+
+
+def gone() -> Obj:
+    return ev("ERROR", {"kind": "Status", "code": 410, "reason": "Expired", "message": "too old"})
+
+
+class Stream:
+    """One scripted watch: events, then an optional error, then end (or hang)."""
+
+    def __init__(self, events: list[Obj], error: Exception | None = None, hang: bool = False):
+        self.events, self.error, self.hang = events, error, hang
+
+
+class FakeClient:
+    """Serves scripted lists and watches; records every call."""
+
+    def __init__(self) -> None:
+        self.lists: list[Obj | Exception] = []
+        self.streams: list[Stream | Exception] = []
+        self.list_calls: list[dict[str, Any]] = []
+        self.watch_calls: list[tuple[str, dict[str, Any]]] = []
+        self.closed = 0
+
+    async def list(self, path: str, **params: Any) -> Obj:
+        self.list_calls.append(params)
+        if not self.lists:
+            raise AssertionError("unexpected list")
+        answer = self.lists.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    async def watch(self, path: str, resource_version: str, **params: Any) -> AsyncIterator[Obj]:
+        self.watch_calls.append((resource_version, params))
+        if not self.streams:
+            await asyncio.Event().wait()  # nothing scripted: stay open
+        script = self.streams.pop(0)
+        if isinstance(script, Exception):
+            raise script
+        try:
+            for event in script.events:
+                yield event
+            if script.error is not None:
+                raise script.error
+            if script.hang:
+                await asyncio.Event().wait()
+        finally:
+            self.closed += 1
+
+
+def page(items: list[Obj], rv: int, cont: str | None = None) -> Obj:
+    meta: Obj = {"resourceVersion": str(rv)}
+    if cont:
+        meta["continue"] = cont
+    return {"items": items, "metadata": meta}
+
+
+class Recorder:
+    def __init__(self, informer: Informer) -> None:
+        self.events: list[tuple[str, str, str]] = []
+        informer.add_handler(
+            on_add=lambda o: self.events.append(("add", *self._id(o))),
+            on_update=lambda old, new: self.events.append(("update", *self._id(new))),
+            on_delete=lambda o: self.events.append(("delete", *self._id(o))),
+        )
+
+    @staticmethod
+    def _id(o: Obj) -> tuple[str, str]:
+        return o["metadata"]["name"], o["metadata"]["resourceVersion"]
+
+
+def informer_for(client: FakeClient, **kwargs: Any) -> Informer:
+    kwargs.setdefault("backoff", Backoff(base=0.001, cap=0.01))
+    return Informer(client, "/api/v1/configmaps", name="configmaps", **kwargs)
+
+
+def test_list_then_watch_from_list_rv_and_apply_events() -> None:
+    async def scenario() -> None:
+        client = FakeClient()
+        client.lists = [page([cm("a", 5), cm("b", 6)], 10)]
+        client.streams = [
+            Stream(
+                [
+                    ev("ADDED", cm("c", 11)),
+                    ev("MODIFIED", cm("a", 12)),
+                    ev("DELETED", cm("b", 13)),
+                ],
+                hang=True,
+            )
+        ]
+        informer = informer_for(client, label_selector="app=x", field_selector="metadata.name!=z")
+        rec = Recorder(informer)
+        assert not informer.has_synced
+        informer.start()
+        await asyncio.wait_for(informer.wait_for_sync(), DEADLINE)
+        await eventually("three events", lambda: len(rec.events) == 5)
+        assert rec.events == [
+            ("add", "a", "5"),
+            ("add", "b", "6"),
+            ("add", "c", "11"),
+            ("update", "a", "12"),
+            ("delete", "b", "13"),
+        ]
+        assert sorted(informer.keys()) == ["ns/a", "ns/c"]
+        assert informer.get("ns/a") == cm("a", 12)
+        assert informer.resource_version == "13"
+        rv, params = client.watch_calls[0]
+        assert rv == "10"
+        assert params["labelSelector"] == "app=x"
+        assert params["fieldSelector"] == "metadata.name!=z"
+        assert client.list_calls[0]["labelSelector"] == "app=x"
+        await informer.stop()
+        assert client.closed == 1  # the stream was closed on stop
+
+    run(scenario())
+
+
+def test_paged_list_is_followed_to_the_end() -> None:
+    async def scenario() -> None:
+        client = FakeClient()
+        client.lists = [
+            page([cm("a", 1)], 20, "tok1"),
+            page([cm("b", 2)], 20, "tok2"),
+            page([], 20),
+        ]
+        informer = informer_for(client, page_size=1)
+        informer.start()
+        await asyncio.wait_for(informer.wait_for_sync(), DEADLINE)
+        assert sorted(informer.keys()) == ["ns/a", "ns/b"]
+        assert [c.get("continue") for c in client.list_calls] == [None, "tok1", "tok2"]
+        assert all(c["limit"] == 1 for c in client.list_calls)
+        await eventually("watch", lambda: bool(client.watch_calls))
+        assert client.watch_calls[0][0] == "20"
+        await informer.stop()
+
+    run(scenario())
+
+
+def test_normal_stream_end_resumes_from_last_event_or_bookmark_without_relisting() -> None:
+    async def scenario() -> None:
+        client = FakeClient()
+        client.lists = [page([], 100)]
+        client.streams = [
+            Stream([ev("ADDED", cm("a", 101))]),
+            Stream([ev("BOOKMARK", {"metadata": {"resourceVersion": "150"}})]),
+            Stream([]),
+            Stream([ev("MODIFIED", cm("a", 160))], hang=True),
+        ]
+        informer = informer_for(client)
+        rec = Recorder(informer)
+        informer.start()
+        await eventually("fourth watch", lambda: len(client.watch_calls) == 4)
+        await eventually("update", lambda: len(rec.events) == 2)
+        assert [rv for rv, _ in client.watch_calls] == ["100", "101", "150", "150"]
+        assert informer.lists == 1 and informer.bookmarks == 1
+        assert rec.events == [("add", "a", "101"), ("update", "a", "160")]
+        await informer.stop()
+
+    run(scenario())
+
+
+@pytest.mark.parametrize("how", ["error-event", "http-410"])
+def test_gone_relists_and_emits_the_difference(how: str) -> None:
+    async def scenario() -> None:
+        client = FakeClient()
+        client.lists = [
+            page([cm("keep", 1), cm("change", 2), cm("vanish", 3)], 10),
+            page([cm("keep", 1), cm("change", 30), cm("new", 31)], 40),
+        ]
+        expired: Stream | Exception = (
+            Stream([ev("ADDED", cm("seen", 11)), gone()])
+            if how == "error-event"
+            else KubeAPIError("WATCH", "/x", 410, {"reason": "Expired", "message": "too old"})
+        )
+        client.streams = [expired, Stream([], hang=True)]
+        metrics = RuntimeMetrics()
+        informer = informer_for(client, metrics=metrics)
+        rec = Recorder(informer)
+        informer.start()
+        await eventually("second watch", lambda: len(client.watch_calls) == 2)
+        assert informer.lists == 2 and informer.expired == 1
+        assert client.watch_calls[1][0] == "40"
+        after_first_list = rec.events[3:]
+        expected = [("update", "change", "30"), ("add", "new", "31"), ("delete", "vanish", "3")]
+        if how == "error-event":
+            # "seen" arrived by watch, then vanished from the relist: deleted too.
+            expected = [("add", "seen", "11"), *expected, ("delete", "seen", "11")]
+        assert sorted(after_first_list) == sorted(expected)
+        assert sorted(informer.keys()) == ["ns/change", "ns/keep", "ns/new"]
+        relists = metrics.registry.get_sample_value(
+            "dradriver_informer_relists_total", {"resource": "configmaps"}
+        )
+        assert relists == 2
+        await informer.stop()
+
+    run(scenario())
+
+
+def test_errors_back_off_list_is_retried_and_watch_resumes() -> None:
+    async def scenario() -> None:
+        client = FakeClient()
+        client.lists = [
+            KubeAPIError("GET", "/x", 503, {"message": "unavailable"}),
+            ConnectionError("refused"),
+            page([cm("a", 1)], 10),
+        ]
+        client.streams = [
+            Stream([ev("MODIFIED", cm("a", 11))], error=ConnectionResetError("reset")),
+            KubeAPIError("WATCH", "/x", 500, {"message": "boom"}),
+            Stream([ev("ERROR", {"code": 500, "message": "internal"})]),
+            Stream([], hang=True),
+        ]
+        informer = informer_for(client)
+        rec = Recorder(informer)
+        informer.start()
+        await asyncio.wait_for(informer.wait_for_sync(), DEADLINE)
+        await eventually("fourth watch", lambda: len(client.watch_calls) == 4)
+        assert informer.lists == 3
+        assert informer.errors == 5
+        # Errors other than 410 resume from the last resourceVersion seen.
+        assert [rv for rv, _ in client.watch_calls] == ["10", "11", "11", "11"]
+        assert rec.events == [("add", "a", "1"), ("update", "a", "11")]
+        await informer.stop()
+
+    run(scenario())
+
+
+def test_restart_watch_from_an_old_version_leads_to_relist() -> None:
+    async def scenario() -> None:
+        client = FakeClient()
+        client.lists = [page([cm("a", 1)], 10), page([cm("a", 1)], 50)]
+        client.streams = [
+            Stream([], hang=True),
+            KubeAPIError("WATCH", "/x", 410, {"message": "too old resource version"}),
+            Stream([], hang=True),
+        ]
+        informer = informer_for(client)
+        informer.start()
+        await eventually("first watch", lambda: len(client.watch_calls) == 1)
+        informer.restart_watch("1")
+        await eventually("third watch", lambda: len(client.watch_calls) == 3)
+        assert [rv for rv, _ in client.watch_calls] == ["10", "1", "50"]
+        assert informer.expired == 1 and informer.lists == 2
+        await informer.stop()
+
+    run(scenario())
+
+
+def test_handler_added_late_gets_cached_objects_and_handler_errors_are_contained() -> None:
+    async def scenario() -> None:
+        client = FakeClient()
+        client.lists = [page([cm("a", 1)], 10)]
+        client.streams = [Stream([ev("ADDED", cm("b", 11))], hang=True)]
+        informer = informer_for(client)
+
+        def broken(obj: Obj) -> None:
+            raise RuntimeError("handler bug")
+
+        informer.add_handler(on_add=broken)
+        informer.start()
+        await asyncio.wait_for(informer.wait_for_sync(), DEADLINE)
+        await eventually("b cached", lambda: informer.get("ns/b") is not None)
+        late = Recorder(informer)
+        assert sorted(late.events) == [("add", "a", "1"), ("add", "b", "11")]
+        await informer.stop()
+
+    run(scenario())
+
+
+def test_resync_redelivers_cached_objects_as_updates() -> None:
+    async def scenario() -> None:
+        client = FakeClient()
+        client.lists = [page([cm("a", 1)], 10)]
+        informer = informer_for(client, resync_period=0.02)
+        rec = Recorder(informer)
+        informer.start()
+        await eventually("resync", lambda: ("update", "a", "1") in rec.events)
+        await informer.stop()
+
+    run(scenario())
+
+
+def test_stop_wins_even_if_the_stream_turns_cancellation_into_an_error() -> None:
+    """httpx may end a cancelled stream with ReadError; the informer must still stop."""
+
+    class Client(FakeClient):
+        async def watch(
+            self, path: str, resource_version: str, **params: Any
+        ) -> AsyncIterator[Obj]:
+            self.watch_calls.append((resource_version, params))
+            try:
+                await asyncio.Event().wait()
+            except asyncio.CancelledError:
+                raise ConnectionResetError("read error") from None
+            yield {}
+
+    async def scenario() -> None:
+        client = Client()
+        client.lists = [page([], 1)]
+        informer = informer_for(client)
+        task = informer.start()
+        await eventually("watching", lambda: bool(client.watch_calls))
+        await asyncio.wait_for(informer.stop(), DEADLINE)
+        assert task.cancelled()
+        assert informer.errors == 0
+
+    run(scenario())
