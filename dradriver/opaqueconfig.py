@@ -69,8 +69,13 @@ def parse_parameters(driver: str, parameters: Any, where: str) -> DeviceConfig:
         raise ConfigError(f"{where}: parameters must be an object, got {type(parameters).__name__}")
     expected = f"{driver}/{API_VERSION}"
     kind = parameters.get("kind")
+    if kind in ("DeviceClaimParameters", "DeviceClaimParametersReference"):
+        return _from_claim_parameters(driver, parameters, where)
     if kind != "DeviceConfig":
-        raise ConfigError(f"{where}: unknown kind {kind!r}; {driver} accepts kind DeviceConfig")
+        raise ConfigError(
+            f"{where}: unknown kind {kind!r}; {driver} accepts DeviceConfig and "
+            "DeviceClaimParameters"
+        )
     if parameters.get("apiVersion") != expected:
         raise ConfigError(
             f"{where}: apiVersion {parameters.get('apiVersion')!r} is not supported; "
@@ -81,6 +86,25 @@ def parse_parameters(driver: str, parameters: Any, where: str) -> DeviceConfig:
     except ValidationError as e:
         first = e.errors()[0]
         raise ConfigError(f"{where}: field {_field_path(first['loc'])}: {first['msg']}") from e
+
+
+def _from_claim_parameters(driver: str, parameters: dict[str, Any], where: str) -> DeviceConfig:
+    """Inline DeviceClaimParameters carry their node-side settings; a reference cannot be
+    read on the node (the plugin has no access to the CRD), so it is refused clearly."""
+    from dradriver import parameters as claim_params  # imports this module
+
+    try:
+        parsed = claim_params.parse_opaque(driver, parameters, where)
+    except claim_params.ParametersError as e:
+        raise ConfigError(str(e)) from e
+    if isinstance(parsed, claim_params.ParametersReference):
+        raise ConfigError(
+            f"{where}: DeviceClaimParametersReference {parsed.name!r} must be resolved by "
+            "dradriver-controller before the node prepares the claim; use inline "
+            "DeviceClaimParameters or a DeviceConfig"
+        )
+    assert isinstance(parsed, claim_params.InlineParameters)
+    return DeviceConfig.model_validate(parsed.spec.device_config(driver))
 
 
 def effective_configs(

@@ -67,3 +67,19 @@ def test_invalid_value_names_the_field() -> None:
 def test_unknown_field_is_rejected_by_name() -> None:
     with pytest.raises(ConfigError, match="field profil: Extra inputs are not permitted"):
         effective_configs(D, [entry("FromClaim", cfg(profil="x"))], ["a"])
+
+
+def test_inline_claim_parameters_give_their_node_settings() -> None:
+    inline = {
+        "apiVersion": f"{D}/v1alpha1",
+        "kind": "DeviceClaimParameters",
+        "spec": {"profile": "fast", "env": {"MODE": "x"}, "allocationMode": "Immediate"},
+    }
+    out = effective_configs(D, [entry("FromClaim", inline)], ["a"])
+    assert out["a"].profile == "fast" and out["a"].env == {"MODE": "x"}
+
+
+def test_parameters_reference_is_refused_on_the_node_with_a_reason() -> None:
+    ref = {"apiVersion": f"{D}/v1alpha1", "kind": "DeviceClaimParametersReference", "name": "p"}
+    with pytest.raises(ConfigError, match="must be resolved by dradriver-controller"):
+        effective_configs(D, [entry("FromClaim", ref)], ["a"])
