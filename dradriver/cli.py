@@ -72,7 +72,11 @@ def cmd_explain(args: argparse.Namespace) -> int:
 
     from dradriver.explaincmd import run_explain
 
-    print(asyncio.run(run_explain(args.claim, args.kubeconfig, not args.only_excluded)))
+    print(
+        asyncio.run(
+            run_explain(args.claim, args.kubeconfig, not args.only_excluded, args.all_drivers)
+        )
+    )
     return 0
 
 
@@ -135,6 +139,12 @@ def build_parser() -> argparse.ArgumentParser:
     explain.add_argument("--kubeconfig", help="kubeconfig (default: $KUBECONFIG, ~/.kube/config)")
     explain.add_argument(
         "--only-excluded", action="store_true", help="leave out devices that could be allocated"
+    )
+    explain.add_argument(
+        "--all-drivers",
+        action="store_true",
+        help="show every driver's devices, not only those of the drivers the claim's "
+        'DeviceClasses name (device.driver == "...")',
     )
     explain.set_defaults(func=cmd_explain)
     with_cluster_opts(

@@ -8,6 +8,7 @@ scheduler failed on.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from dradriver.allocator import AllocatedState, Allocator, Inventory, explain, format_table
@@ -33,7 +34,28 @@ async def _items(client: KubeClient, path: str) -> list[Obj]:
     return items
 
 
-async def explain_claim(client: KubeClient, target: str, show_available: bool = True) -> str:
+_DRIVER_TEST = re.compile(r"""device\.driver\s*==\s*["']([^"']+)["']""")
+
+
+def class_drivers(claim: Obj, classes: list[Obj]) -> set[str]:
+    """Drivers the claim's DeviceClasses name in ``device.driver == "..."`` selectors."""
+    wanted: set[str] = set()
+    for request in (claim.get("spec") or {}).get("devices", {}).get("requests", []):
+        subs = request.get("firstAvailable") or [request.get("exactly") or {}]
+        wanted |= {s.get("deviceClassName", "") for s in subs}
+    drivers: set[str] = set()
+    for cls in classes:
+        if cls["metadata"]["name"] in wanted:
+            for selector in (cls.get("spec") or {}).get("selectors", []):
+                drivers |= set(
+                    _DRIVER_TEST.findall((selector.get("cel") or {}).get("expression", ""))
+                )
+    return drivers
+
+
+async def explain_claim(
+    client: KubeClient, target: str, show_available: bool = True, all_drivers: bool = False
+) -> str:
     namespace, name = _parse_target(target)
     claim = await client.get_or_none(path_for(RESOURCE_V1, "resourceclaims", namespace, name))
     if claim is None:
@@ -55,15 +77,19 @@ async def explain_claim(client: KubeClient, target: str, show_available: bool = 
         held = ", ".join(f"{r['request']}={r['driver']}/{r['pool']}/{r['device']}" for r in results)
         lines.append(f"allocated: {held}")
         lines.append("if it were allocated again now:")
-    rows = explain(allocator, claim, state, nodes=nodes)
+    # Other drivers' devices would only say "wrong driver"; keep the table to the point.
+    drivers = None if all_drivers else class_drivers(claim, classes) or None
+    rows = explain(allocator, claim, state, nodes=nodes, drivers=drivers)
     lines.append(format_table(rows, include_available=show_available))
     return "\n".join(lines)
 
 
-async def run_explain(target: str, kubeconfig: str | None, show_available: bool) -> str:
+async def run_explain(
+    target: str, kubeconfig: str | None, show_available: bool, all_drivers: bool = False
+) -> str:
     client = KubeClient(load_connection(kubeconfig), "dradriver-explain")
     try:
-        return await explain_claim(client, target, show_available)
+        return await explain_claim(client, target, show_available, all_drivers)
     except KubeAPIError as e:
         raise ExplainError(f"cannot read from the API server: {e}") from e
     finally:

@@ -63,6 +63,8 @@ def test_explain_names_the_selector_and_the_holder(
         out = asyncio.run(
             run_explain(f"{namespace}/picky", str(local_cluster.layout.admin_kubeconfig), True)
         )
+        device_rows = [line for line in out.splitlines()[2:] if line.split()[1] != "-"]
+        assert device_rows and all(f" {driver} " in row for row in device_rows), out
         lines = {line.split()[3]: line for line in out.splitlines() if f" {driver} " in line}
         assert "holder" in lines["dev-0"], out  # taken: names the claim that holds it
         assert "selector" in lines["dev-1"] and "index > 5" in lines["dev-1"], out
