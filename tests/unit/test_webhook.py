@@ -1,0 +1,516 @@
+"""The admission webhook's app: AdmissionReviews in, verdicts with readable messages out."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import copy
+import ssl
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from fastapi.testclient import TestClient
+
+from dradriver import parameters as params
+from dradriver.cluster.pki import CertificateAuthority, CertPair
+from dradriver.webhook.app import build_app
+from dradriver.webhook.register import issue_serving_cert, webhook_configuration
+from dradriver.webhook.server import WebhookServer, build_parser, main
+from dradriver.webhook.validation import Settings, validate
+
+Obj = dict[str, Any]
+DRIVER = "dradriver.dev"
+API_VERSION = f"{DRIVER}/{params.VERSION}"
+GOOD_SELECTOR = 'device.attributes["dradriver.dev"].model == "mock"'
+BAD_SELECTOR = 'device.attributes["dradriver.dev"].model =='
+
+
+@pytest.fixture
+def client() -> Iterator[TestClient]:
+    with TestClient(build_app(Settings())) as c:
+        yield c
+
+
+def review(
+    kind: str,
+    obj: Obj,
+    operation: str = "CREATE",
+    old: Obj | None = None,
+    uid: str = "uid-1",
+) -> Obj:
+    group = DRIVER if kind == params.KIND else "resource.k8s.io"
+    version = params.VERSION if kind == params.KIND else "v1"
+    return {
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": uid,
+            "kind": {"group": group, "version": version, "kind": kind},
+            "namespace": "ns",
+            "name": obj.get("metadata", {}).get("name", ""),
+            "operation": operation,
+            "userInfo": {"username": "tester"},
+            "object": obj,
+            "oldObject": old,
+        },
+    }
+
+
+def dcp(spec: Any) -> Obj:
+    return {
+        "apiVersion": API_VERSION,
+        "kind": params.KIND,
+        "metadata": {"name": "p", "namespace": "ns"},
+        "spec": spec,
+    }
+
+
+def claim(config: list[Obj] | None = None, requests: list[Obj] | None = None) -> Obj:
+    devices: Obj = {
+        "requests": requests
+        if requests is not None
+        else [{"name": "gpu", "exactly": {"deviceClassName": DRIVER}}]
+    }
+    if config is not None:
+        devices["config"] = config
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": "c", "namespace": "ns"},
+        "spec": {"devices": devices},
+    }
+
+
+def opaque(parameters: Any, driver: str = DRIVER) -> Obj:
+    return {"opaque": {"driver": driver, "parameters": parameters}}
+
+
+def template(claim_obj: Obj) -> Obj:
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": "t", "namespace": "ns"},
+        "spec": {"spec": claim_obj["spec"]},
+    }
+
+
+def post(client: TestClient, body: Obj) -> Obj:
+    resp = client.post("/validate", json=body)
+    assert resp.status_code == 200, resp.text
+    out: Obj = resp.json()
+    assert out["apiVersion"] == "admission.k8s.io/v1"
+    assert out["kind"] == "AdmissionReview"
+    response: Obj = out["response"]
+    assert response["uid"] == body["request"]["uid"]
+    return response
+
+
+def allowed(client: TestClient, body: Obj) -> None:
+    response = post(client, body)
+    assert response == {"uid": body["request"]["uid"], "allowed": True}
+
+
+def denied(client: TestClient, body: Obj) -> str:
+    response = post(client, body)
+    assert response["allowed"] is False
+    assert response["status"]["code"] == 422
+    assert response["status"]["reason"] == "Invalid"
+    message: str = response["status"]["message"]
+    return message
+
+
+# --- DeviceClaimParameters ------------------------------------------------------------
+
+
+def test_valid_parameters_are_admitted(client: TestClient) -> None:
+    spec = {
+        "env": {"MODE": "1"},
+        "profile": "fast",
+        "setupArgs": ["-v"],
+        "count": 2,
+        "selectors": [
+            GOOD_SELECTOR,
+            "device.capacity['dradriver.dev'].memory.isGreaterThan(quantity('1Gi'))",
+        ],
+        "allocationMode": "Immediate",
+    }
+    allowed(client, review(params.KIND, dcp(spec)))
+    allowed(client, review(params.KIND, dcp({})))
+
+
+def test_selector_that_does_not_compile_is_denied(client: TestClient) -> None:
+    message = denied(client, review(params.KIND, dcp({"selectors": [GOOD_SELECTOR, BAD_SELECTOR]})))
+    assert message.startswith("spec.selectors[1]: ")
+    assert "Syntax error" in message
+
+
+def test_selector_with_unknown_field_or_wrong_type_is_denied(client: TestClient) -> None:
+    message = denied(client, review(params.KIND, dcp({"selectors": ["device.nosuch == 1"]})))
+    assert "spec.selectors[0]: undefined field 'nosuch' of device" in message
+    assert "driver, attributes, capacity" in message  # what a device has
+    message = denied(client, review(params.KIND, dcp({"selectors": ["1 + 1"]})))
+    assert message == "spec.selectors[0]: must evaluate to bool or the unknown type, not int"
+
+
+@pytest.mark.parametrize(
+    ("spec", "expected"),
+    [
+        (
+            {"allocationMode": "Later"},
+            "spec.allocationMode: Input should be 'Immediate' or 'WaitForFirstConsumer'",
+        ),
+        ({"count": 0}, "spec.count: Input should be greater than or equal to 1"),
+        ({"count": 33}, "spec.count: Input should be less than or equal to 32"),
+        ({"profile": "Fast One"}, "spec.profile: String should match pattern"),
+        ({"env": {"1X": "a"}}, "spec.env['1X'] (key): String should match pattern"),
+        (
+            {"colour": "red"},
+            "spec.colour: unknown field (allowed: env, profile, setupArgs, count, selectors, "
+            "allocationMode)",
+        ),
+        ("fast", "spec: must be an object, got str"),
+    ],
+)
+def test_invalid_parameters_name_field_and_allowed_values(
+    client: TestClient, spec: Any, expected: str
+) -> None:
+    assert expected in denied(client, review(params.KIND, dcp(spec)))
+
+
+def test_every_problem_is_reported(client: TestClient) -> None:
+    message = denied(client, review(params.KIND, dcp({"count": 0, "allocationMode": "x"})))
+    assert "spec.count:" in message
+    assert "spec.allocationMode:" in message
+
+
+def test_update_with_unchanged_spec_is_admitted(client: TestClient) -> None:
+    """An object created before the webhook existed can still lose its finalizers."""
+    bad = dcp({"selectors": [BAD_SELECTOR]})
+    newer = copy.deepcopy(bad)
+    newer["metadata"]["finalizers"] = []
+    allowed(client, review(params.KIND, newer, "UPDATE", old=bad))
+    changed = dcp({"selectors": [BAD_SELECTOR, "also bad ("]})
+    assert "spec.selectors[0]" in denied(client, review(params.KIND, changed, "UPDATE", old=bad))
+
+
+def test_delete_and_connect_are_admitted(client: TestClient) -> None:
+    allowed(client, review(params.KIND, dcp({"count": 0}), "DELETE"))
+
+
+# --- ResourceClaims and templates -----------------------------------------------------
+
+
+DEVICE_CONFIG = {"apiVersion": API_VERSION, "kind": "DeviceConfig", "env": {"A": "1"}}
+INLINE = {
+    "apiVersion": API_VERSION,
+    "kind": params.KIND,
+    "spec": {"profile": "fast", "selectors": [GOOD_SELECTOR]},
+}
+REFERENCE = {"apiVersion": API_VERSION, "kind": params.REFERENCE_KIND, "name": "gpu-fast"}
+
+
+def test_claim_without_config_is_admitted(client: TestClient) -> None:
+    allowed(client, review("ResourceClaim", claim()))
+
+
+def test_claim_with_valid_config_is_admitted(client: TestClient) -> None:
+    config = [opaque(DEVICE_CONFIG), opaque(INLINE), opaque(REFERENCE)]
+    allowed(client, review("ResourceClaim", claim(config)))
+    allowed(client, review("ResourceClaimTemplate", template(claim(config))))
+
+
+def test_other_drivers_config_is_not_ours(client: TestClient) -> None:
+    other = opaque({"anything": True}, driver="gpu.example.com")
+    allowed(client, review("ResourceClaim", claim([other])))
+
+
+@pytest.mark.parametrize(
+    ("parameters", "expected"),
+    [
+        (
+            {"apiVersion": API_VERSION, "kind": "GpuConfig"},
+            "spec.devices.config[0].opaque.parameters.kind: unknown kind 'GpuConfig'; "
+            "dradriver.dev accepts DeviceConfig, DeviceClaimParameters, "
+            "DeviceClaimParametersReference",
+        ),
+        (
+            {**DEVICE_CONFIG, "apiVersion": "dradriver.dev/v2"},
+            "spec.devices.config[0].opaque.parameters.apiVersion: 'dradriver.dev/v2' is not "
+            "supported; use 'dradriver.dev/v1alpha1'",
+        ),
+        (
+            {**DEVICE_CONFIG, "colour": "red"},
+            "spec.devices.config[0].opaque.parameters: field colour: unknown field "
+            "(allowed: apiVersion, kind, env, profile, setupArgs)",
+        ),
+        (
+            {**DEVICE_CONFIG, "env": {"9X": "1"}},
+            "spec.devices.config[0].opaque.parameters: field env: Value error, '9X' is not a "
+            "valid environment variable name",
+        ),
+        (
+            {**INLINE, "spec": {"allocationMode": "Soon"}},
+            "spec.devices.config[0].opaque.parameters.spec.allocationMode: Input should be "
+            "'Immediate' or 'WaitForFirstConsumer'",
+        ),
+        (
+            {**INLINE, "spec": {"speed": 1}},
+            "spec.devices.config[0].opaque.parameters.spec.speed: unknown field (allowed: env, "
+            "profile, setupArgs, count, selectors, allocationMode)",
+        ),
+        (
+            {**INLINE, "spec": {"selectors": [BAD_SELECTOR]}},
+            "spec.devices.config[0].opaque.parameters.spec.selectors[0]: ",
+        ),
+        (
+            {**REFERENCE, "name": "Not A Name"},
+            "spec.devices.config[0].opaque.parameters.name: String should match pattern",
+        ),
+        (
+            {**REFERENCE, "namespace": "other"},
+            "spec.devices.config[0].opaque.parameters.namespace: unknown field "
+            "(allowed: apiVersion, kind, name)",
+        ),
+        ("fast", "spec.devices.config[0].opaque.parameters: must be an object, got str"),
+    ],
+)
+def test_bad_opaque_config_is_denied(client: TestClient, parameters: Any, expected: str) -> None:
+    message = denied(client, review("ResourceClaim", claim([opaque(parameters)])))
+    assert expected in message
+    in_template = denied(
+        client, review("ResourceClaimTemplate", template(claim([opaque(parameters)])))
+    )
+    assert expected.replace("spec.devices", "spec.spec.devices", 1) in in_template
+
+
+def test_only_the_bad_entry_is_named(client: TestClient) -> None:
+    bad = {"apiVersion": API_VERSION, "kind": "Nope"}
+    message = denied(client, review("ResourceClaim", claim([opaque(DEVICE_CONFIG), opaque(bad)])))
+    assert message.startswith("spec.devices.config[1].opaque.parameters.kind:")
+    assert "config[0]" not in message
+
+
+def test_request_selectors_for_our_classes_are_compiled(client: TestClient) -> None:
+    requests: list[Obj] = [
+        {
+            "name": "a",
+            "exactly": {
+                "deviceClassName": DRIVER,
+                "selectors": [{"cel": {"expression": GOOD_SELECTOR}}],
+            },
+        },
+        {
+            "name": "b",
+            "exactly": {
+                "deviceClassName": DRIVER,
+                "selectors": [{"cel": {"expression": "device.nosuch"}}],
+            },
+        },
+        {
+            "name": "c",
+            "firstAvailable": [
+                {
+                    "name": "x",
+                    "deviceClassName": "other.example.com",
+                    "selectors": [{"cel": {"expression": "not ours ("}}],
+                },
+                {
+                    "name": "y",
+                    "deviceClassName": DRIVER,
+                    "selectors": [{"cel": {"expression": BAD_SELECTOR}}],
+                },
+            ],
+        },
+    ]
+    message = denied(client, review("ResourceClaim", claim(requests=requests)))
+    assert (
+        "spec.devices.requests[1].exactly.selectors[0].cel.expression: undefined field" in message
+    )
+    assert "spec.devices.requests[2].firstAvailable[1].selectors[0].cel.expression:" in message
+    assert "requests[0]" not in message
+    assert "firstAvailable[0]" not in message  # another driver's class: not ours to judge
+
+
+def test_v1beta1_request_shape_is_understood() -> None:
+    request = {
+        "name": "a",
+        "deviceClassName": DRIVER,
+        "selectors": [{"cel": {"expression": BAD_SELECTOR}}],
+    }
+    verdict = validate(Settings(), review("ResourceClaim", claim(requests=[request]))["request"])
+    assert not verdict.allowed
+    assert verdict.errors[0].startswith("spec.devices.requests[0].selectors[0].cel.expression:")
+
+
+def test_configured_classes_and_driver_name() -> None:
+    settings = Settings(driver="gpu.example.com", device_classes=frozenset({"gpus"}))
+    requests = [
+        {
+            "name": "a",
+            "exactly": {
+                "deviceClassName": "gpus",
+                "selectors": [{"cel": {"expression": BAD_SELECTOR}}],
+            },
+        }
+    ]
+    verdict = validate(settings, review("ResourceClaim", claim(requests=requests))["request"])
+    assert not verdict.allowed
+    # Our default driver's config is not this deployment's business.
+    bad = opaque({"kind": "Nope"})
+    assert validate(settings, review("ResourceClaim", claim([bad]))["request"]).allowed
+    # Parameters objects are recognised by the configured group.
+    assert validate(settings, review(params.KIND, dcp({"count": 0}))["request"]).allowed
+
+
+def test_claim_update_with_unchanged_spec_is_admitted(client: TestClient) -> None:
+    bad = claim([opaque({"kind": "Nope"})])
+    newer = copy.deepcopy(bad)
+    newer["metadata"]["finalizers"] = ["resource.kubernetes.io/delete-protection"]
+    allowed(client, review("ResourceClaim", newer, "UPDATE", old=bad))
+
+
+def test_unknown_kinds_are_admitted(client: TestClient) -> None:
+    body = review("ResourceClaim", claim([opaque({"kind": "Nope"})]))
+    body["request"]["kind"] = {"group": "", "version": "v1", "kind": "ConfigMap"}
+    allowed(client, body)
+
+
+# --- protocol -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("body", "expected"),
+    [
+        ({"kind": "Pod"}, "must be an AdmissionReview"),
+        (
+            {"apiVersion": "admission.k8s.io/v1beta1", "kind": "AdmissionReview", "request": {}},
+            "'admission.k8s.io/v1beta1' is not supported",
+        ),
+        ({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview"}, "request.uid"),
+    ],
+)
+def test_malformed_reviews_are_bad_requests(client: TestClient, body: Obj, expected: str) -> None:
+    resp = client.post("/validate", json=body)
+    assert resp.status_code == 400
+    assert expected in resp.json()["message"]
+    resp = client.post(
+        "/validate", content=b"{not json", headers={"content-type": "application/json"}
+    )
+    assert resp.status_code == 400
+
+
+def test_garbage_inside_a_review_is_denied_not_a_crash(client: TestClient) -> None:
+    body = review("ResourceClaim", claim())
+    body["request"]["object"]["spec"] = {"devices": {"config": ["x", 3], "requests": [None]}}
+    allowed(client, body)
+    body["request"]["object"]["spec"] = {"devices": {"config": [{"opaque": {"driver": DRIVER}}]}}
+    assert "must be an object, got NoneType" in denied(client, body)
+
+
+def test_health_ready_and_metrics(client: TestClient) -> None:
+    assert client.get("/healthz").text == "ok\n"
+    assert client.get("/readyz").status_code == 200
+    allowed(client, review(params.KIND, dcp({})))
+    denied(client, review(params.KIND, dcp({"count": 0})))
+    text = client.get("/metrics").text
+    assert (
+        'dradriver_webhook_requests_total{kind="DeviceClaimParameters",operation="CREATE",'
+        'outcome="allowed"} 1.0' in text
+    )
+    assert 'outcome="denied"} 1.0' in text
+    assert "dradriver_webhook_request_duration_seconds_count 2.0" in text
+
+
+def test_readyz_follows_the_given_probe() -> None:
+    with TestClient(build_app(ready=lambda: (False, "caches not synced"))) as c:
+        resp = c.get("/readyz")
+    assert resp.status_code == 503
+    assert resp.text == "not ready: caches not synced\n"
+
+
+# --- server over TLS, registration ----------------------------------------------------
+
+
+@pytest.fixture
+def pki(tmp_path: Path) -> Path:
+    CertificateAuthority(CertPair(tmp_path / "ca.crt", tmp_path / "ca.key"), "test-ca")
+    return tmp_path
+
+
+def test_server_over_tls(pki: Path) -> None:
+    async def run() -> None:
+        pair = issue_serving_cert(pki, pki / "serving")
+        server = WebhookServer(build_app(), "127.0.0.1:0", pair.cert, pair.key)
+        await server.start()
+        try:
+            tls = ssl.create_default_context(cafile=str(pki / "ca.crt"))
+            async with httpx.AsyncClient(verify=tls) as http:
+                base = f"https://127.0.0.1:{server.port}"
+                assert (await http.get(f"{base}/healthz")).text == "ok\n"
+                resp = await http.post(f"{base}/validate", json=review(params.KIND, dcp({})))
+                assert resp.json()["response"]["allowed"] is True
+            # Plain HTTP is not served.
+            async with httpx.AsyncClient() as http:
+                with pytest.raises(httpx.HTTPError):
+                    await http.get(f"http://127.0.0.1:{server.port}/healthz")
+        finally:
+            await server.stop()
+
+    asyncio.run(run())
+
+
+def test_serving_cert_is_for_loopback(pki: Path) -> None:
+    from cryptography import x509
+
+    pair = issue_serving_cert(pki, pki / "serving")
+    cert = x509.load_pem_x509_certificate(pair.cert.read_bytes())
+    sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert [str(ip) for ip in sans.get_values_for_type(x509.IPAddress)] == ["127.0.0.1"]
+
+
+def test_webhook_configuration() -> None:
+    doc = webhook_configuration(
+        "t", "https://127.0.0.1:1/validate", b"PEM", namespace_labels={"a": "b"}
+    )
+    (hook,) = doc["webhooks"]
+    assert hook["clientConfig"] == {
+        "url": "https://127.0.0.1:1/validate",
+        "caBundle": base64.b64encode(b"PEM").decode(),
+    }
+    assert hook["namespaceSelector"] == {"matchLabels": {"a": "b"}}
+    assert hook["failurePolicy"] == "Fail"
+    resources = {r for rule in hook["rules"] for r in rule["resources"]}
+    assert resources == {"resourceclaims", "resourceclaimtemplates", params.PLURAL}
+    assert all(rule["operations"] == ["CREATE", "UPDATE"] for rule in hook["rules"])
+
+
+def test_manifest_matches_the_registration_rules() -> None:
+    import yaml
+
+    path = Path(__file__).resolve().parents[2] / "manifests" / "controller" / "webhook.yaml"
+    docs = {d["kind"]: d for d in yaml.safe_load_all(path.read_text()) if d}
+    (hook,) = docs["ValidatingWebhookConfiguration"]["webhooks"]
+    expected = webhook_configuration("x", "https://unused", b"")["webhooks"][0]
+    assert hook["rules"] == expected["rules"]
+    assert hook["name"] == expected["name"]
+    service = hook["clientConfig"]["service"]
+    assert (service["namespace"], service["name"]) == (
+        docs["Service"]["metadata"]["namespace"],
+        docs["Service"]["metadata"]["name"],
+    )
+    assert service["path"] == "/validate"
+
+
+def test_command_line(tmp_path: Path) -> None:
+    args = build_parser().parse_args(
+        ["--cert", "c", "--key", "k", "--device-class", "a", "--device-class", "b"]
+    )
+    assert args.address == ":8443"
+    assert args.device_class == ["a", "b"]
+    with pytest.raises(SystemExit):
+        main(["--address", "127.0.0.1:0"])  # no certificate
+    with pytest.raises(SystemExit):
+        main(["--cert", str(tmp_path / "no.crt"), "--key", str(tmp_path / "no.key")])
