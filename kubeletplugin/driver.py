@@ -12,7 +12,7 @@ import asyncio
 import hashlib
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from dradriver.cdi import CDIDevice, CDIRegistry
 from dradriver.claimlock import ClaimLocks
@@ -33,6 +33,22 @@ Obj = dict[str, Any]
 
 class PrepareError(RuntimeError):
     """A claim cannot be prepared; the message goes to the kubelet and the pod's events."""
+
+
+class DRAGate(Protocol):
+    """What DRA asks the device-plugin shim (same devices, one ledger)."""
+
+    def refuse_for_dra(self, device: str) -> str | None:
+        """Why DRA must not prepare ``device`` (it belongs to the device plugin), or None."""
+        ...
+
+    def explain_busy(self, error: DeviceBusy) -> str:
+        """The prepare error for a device someone else holds, naming the holder."""
+        ...
+
+    def claims_changed(self) -> None:
+        """A claim was prepared or unprepared: the device plugin's view may change."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -64,8 +80,10 @@ class NodeDriver:
         setup: Hook | None = None,
         teardown: Hook | None = None,
         metrics: PluginMetrics | None = None,
+        gate: DRAGate | None = None,
     ) -> None:
         self.client = client
+        self.gate = gate
         self.driver_name = driver_name
         self.inventory = inventory
         self.ledger = ledger
@@ -104,8 +122,17 @@ class NodeDriver:
                         self.metrics.prepare_errors.inc()
                         log.exception("prepare failed unexpectedly", claim=str(claim))
                         return PrepareResult(error=f"internal error: {e}")
+                    finally:
+                        self._claims_changed()
         self.metrics.prepares.inc()
         return PrepareResult(devices=devices)
+
+    def _claims_changed(self) -> None:
+        if self.gate is not None:
+            try:
+                self.gate.claims_changed()
+            except Exception as e:  # the prepare itself is done; the view catches up later
+                self.handle_error(e, "telling the device plugin about a claim change")
 
     async def _fetch_claim(self, claim: ClaimRef) -> Obj:
         try:
@@ -205,6 +232,11 @@ class NodeDriver:
                 f"ResourceClaim {claim} is already prepared with a different allocation or "
                 "config; unprepare it first"
             )
+        if self.gate is not None:
+            for p in planned:
+                reason = self.gate.refuse_for_dra(p.device)
+                if reason:
+                    raise PrepareError(f"ResourceClaim {claim}: {reason}")
         if existing is not None:
             # A half-done attempt (crash or failure): undo it before starting over.
             await self._teardown(claim, existing.uid)
@@ -222,7 +254,10 @@ class NodeDriver:
         ]
         try:
             self.ledger.begin_prepare(claim.uid, claim.namespace, claim.name, entries, digest)
-        except (DeviceBusy, LedgerError) as e:
+        except DeviceBusy as e:
+            text = self.gate.explain_busy(e) if self.gate is not None else str(e)
+            raise PrepareError(f"ResourceClaim {claim}: {text}") from e
+        except LedgerError as e:
             raise PrepareError(f"ResourceClaim {claim}: {e}") from e
         try:
             if self.setup is not None:
@@ -274,6 +309,8 @@ class NodeDriver:
                     self.metrics.unprepare_errors.inc()
                     log.warning("unprepare failed", claim=str(claim), error=str(e))
                     return f"ResourceClaim {claim}: {e}"
+                finally:
+                    self._claims_changed()
         self._locks.forget(claim.uid)
         self.metrics.unprepares.inc()
         return ""

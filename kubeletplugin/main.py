@@ -23,9 +23,11 @@ from dradriver.ledger import Ledger, LedgerError
 from dradriver.log import configure, get_logger
 from dradriver.plugin.helper import KubeletPluginHelper, PluginPaths
 from dradriver.plugin.slicepublisher import SlicePublisher
+from kubeletplugin.deviceplugin import DevicePluginSetupError, DevicePluginShim
 from kubeletplugin.driver import NodeDriver
 from kubeletplugin.inventory import Inventory
 from kubeletplugin.metrics import PluginMetrics
+from kubeletplugin.podresources import HoldReconciler, PodResourcesClient
 
 log = get_logger("kubeletplugin")
 
@@ -40,7 +42,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="dradriver-kubeletplugin",
         description="Registers with the kubelet, publishes this node's ResourceSlices and "
         "prepares devices for pods (DRA): setup/teardown hooks, CDI specs, and a crash-safe "
-        "ledger of which device is held by whom.",
+        "ledger of which device is held by whom. With devicePlugin.enabled in the config it "
+        "also serves the same devices through the device-plugin API (v1beta1).",
     )
     parser.add_argument(
         "--config",
@@ -62,6 +65,19 @@ def build_parser() -> argparse.ArgumentParser:
         default=Path("/var/lib/kubelet"),
         help="kubelet root dir; the plugin and registration sockets live under "
         "it (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--device-plugin-dir",
+        type=Path,
+        help="the kubelet's device-plugin directory, where kubelet.sock and the shim's "
+        "sockets live (default: <kubelet-root>/device-plugins; the kubelet itself always "
+        "uses /var/lib/kubelet/device-plugins)",
+    )
+    parser.add_argument(
+        "--pod-resources-socket",
+        type=Path,
+        help="the kubelet's pod-resources API, used to release device-plugin allocations "
+        "(default: <kubelet-root>/pod-resources/kubelet.sock)",
     )
     parser.add_argument(
         "--cdi-dir",
@@ -125,6 +141,30 @@ class Plugin:
         self.ledger = Ledger.load(Path(state_dir) / "ledger.json")
         sources = build_sources(config)
         self.inventory = Inventory(self.node, lambda: discover_all(sources))
+        self.shim: DevicePluginShim | None = None
+        self.hold_reconciler: HoldReconciler | None = None
+        kubelet_root = Path(args.kubelet_root)
+        if config.device_plugin.enabled:
+            self.shim = DevicePluginShim(
+                config=config.device_plugin,
+                driver_name=self.driver_name,
+                inventory=self.inventory,
+                ledger=self.ledger,
+                cdi_dir=args.cdi_dir,
+                plugin_dir=args.device_plugin_dir or kubelet_root / "device-plugins",
+                instance=args.instance,
+                metrics=self.metrics,
+            )
+            self.hold_reconciler = HoldReconciler(
+                self.shim,
+                PodResourcesClient(
+                    args.pod_resources_socket or kubelet_root / "pod-resources" / "kubelet.sock"
+                ),
+                interval=config.device_plugin.pod_resources_interval_seconds,
+                grace=config.device_plugin.release_grace_seconds,
+                on_error=self.metrics.dp_pod_resources_errors.inc,
+                on_pass=self.metrics.dp_pod_resources_polls.inc,
+            )
         self.driver = NodeDriver(
             client=self.client,
             driver_name=self.driver_name,
@@ -134,16 +174,22 @@ class Plugin:
             setup=_hook(config.hooks.setup, "setup"),
             teardown=_hook(config.hooks.teardown, "teardown"),
             metrics=self.metrics,
+            gate=self.shim,
         )
         self.helper = KubeletPluginHelper(self.driver, self.paths)
         self.helper.registration.on_registered = self.metrics.registrations.inc
         self.publisher = SlicePublisher(self.client, self.driver_name, self.node, self._slices)
+        if self.shim is not None:
+            self.shim.on_dra_view_change = self.publisher.trigger
 
     def _slices(self, generation: int) -> list[dict[str, object]]:
+        devices = list(self.inventory.devices.values())
+        if self.shim is not None:
+            devices = self.shim.dra_devices(devices)
         return build_node_slices(
             self.driver_name,
             self.node,
-            list(self.inventory.devices.values()),
+            devices,
             list(self.config.counter_sets),
             generation,
         )
@@ -152,12 +198,23 @@ class Plugin:
         if not self.helper.registered:
             error = self.helper.registration.last_error
             return False, f"not registered with the kubelet{': ' + error if error else ''}"
+        if self.shim is not None:
+            missing = self.shim.not_registered()
+            if missing:
+                return False, "device plugin not registered: " + "; ".join(missing)
+            resources = ",".join(self.shim.resource_names)
+            return True, (
+                f"registered as {self.driver_name} on {self.node}, device plugin {resources}"
+            )
         return True, f"registered as {self.driver_name} on {self.node}"
 
     async def _health_loop(self) -> None:
         while True:
             if self.inventory.refresh():
                 self.publisher.trigger()
+            if self.shim is not None:
+                # Health and availability (claims prepared by another plugin instance too).
+                self.shim.refresh()
             self.metrics.unhealthy_devices.set(self.inventory.unhealthy())
             self.metrics.prepared_devices.set(
                 sum(len(c.devices) for c in self.ledger.claims() if c.state == "prepared")
@@ -178,8 +235,12 @@ class Plugin:
             build_app(self.ready, self.metrics.registry, "dradriver-kubeletplugin"),
             self.args.http_address,
         )
+        if self.shim is not None:
+            self.shim.reconcile_cdi()
         await http.start()
         await self.helper.start()
+        if self.shim is not None:
+            await self.shim.start()
         before = self.publisher.writes
 
         def count_writes() -> None:
@@ -192,6 +253,8 @@ class Plugin:
             asyncio.create_task(self.publisher.run(self.driver.handle_error)),
             asyncio.create_task(self._health_loop()),
         ]
+        if self.hold_reconciler is not None:
+            tasks.append(asyncio.create_task(self.hold_reconciler.run()))
         try:
             await stop.wait()
         finally:
@@ -200,6 +263,8 @@ class Plugin:
             for task in tasks:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
+            if self.shim is not None:
+                await self.shim.stop()
             await self.helper.stop()
             await http.stop()
             await self.client.aclose()
@@ -221,7 +286,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     configure(args.log_level)
     try:
         return asyncio.run(_main(args))
-    except (ConfigError, LedgerError, UsageError) as e:
+    except (ConfigError, DevicePluginSetupError, LedgerError, UsageError) as e:
         print(f"dradriver-kubeletplugin: error: {e}", file=sys.stderr)
         return 1
 

@@ -45,3 +45,77 @@ class PluginMetrics:
         self.unhealthy_devices = Gauge(
             "dradriver_unhealthy_devices", "Devices currently unhealthy", registry=r
         )
+        # The device-plugin shim (label ``resource`` is the extended resource name).
+        self.dp_allocations = Counter(
+            "dradriver_deviceplugin_allocations_total",
+            "Containers given devices through the device-plugin API",
+            ["resource"],
+            registry=r,
+        )
+        self.dp_allocation_errors = Counter(
+            "dradriver_deviceplugin_allocation_errors_total",
+            "Allocate calls refused (reason: busy = held through DRA, invalid, internal)",
+            ["resource", "reason"],
+            registry=r,
+        )
+        self.dp_rpc_seconds = Histogram(
+            "dradriver_deviceplugin_rpc_seconds",
+            "Device-plugin RPCs served to the kubelet",
+            ["resource", "method"],
+            buckets=_BUCKETS,
+            registry=r,
+        )
+        self.dp_registrations = Counter(
+            "dradriver_deviceplugin_registrations_total",
+            "Successful registrations with the kubelet's device manager (reason: initial, "
+            "kubelet-restart, socket-removed)",
+            ["resource", "reason"],
+            registry=r,
+        )
+        self.dp_registered = Gauge(
+            "dradriver_deviceplugin_registered",
+            "1 while the kubelet has accepted the resource's registration",
+            ["resource"],
+            registry=r,
+        )
+        self.dp_devices = Gauge(
+            "dradriver_deviceplugin_devices",
+            "Devices reported in ListAndWatch by health (Unhealthy includes devices held "
+            "through DRA)",
+            ["resource", "health"],
+            registry=r,
+        )
+        self.dp_holds = Gauge(
+            "dradriver_deviceplugin_holds",
+            "Device-plugin allocations recorded in the ledger",
+            ["resource"],
+            registry=r,
+        )
+        self.dp_releases = Counter(
+            "dradriver_deviceplugin_releases_total",
+            "Device-plugin holds released after pod-resources no longer reported them",
+            ["resource", "reason"],
+            registry=r,
+        )
+        self.dp_prestart = Counter(
+            "dradriver_deviceplugin_prestart_total",
+            "PreStartContainer hook runs (result: ok, error)",
+            ["resource", "result"],
+            registry=r,
+        )
+        self.dp_conflicts = Counter(
+            "dradriver_deviceplugin_conflicts_total",
+            "Devices found in use through the device plugin while the ledger gives them to "
+            "a DRA claim (a double allocation; must stay 0)",
+            registry=r,
+        )
+        self.dp_pod_resources_polls = Counter(
+            "dradriver_deviceplugin_pod_resources_polls_total",
+            "Successful pod-resources List calls that device-plugin holds were reconciled with",
+            registry=r,
+        )
+        self.dp_pod_resources_errors = Counter(
+            "dradriver_deviceplugin_pod_resources_errors_total",
+            "Failed pod-resources List calls",
+            registry=r,
+        )

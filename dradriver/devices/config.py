@@ -22,13 +22,21 @@ Example::
     hooks:
       setup: {command: [/usr/local/bin/setup-device], timeoutSeconds: 30}
       teardown: {python: "mypkg.hooks:teardown"}
+    devicePlugin:                  # the legacy device-plugin shim (off by default)
+      enabled: true
+      mode: partitioned            # or shared
+      resources:
+        - resourceName: dradriver.dev/mock
+          devices: {names: ["dev-0", "dev-1"]}
+      preStart: {command: [/usr/local/bin/setup-device]}
 """
 
 from __future__ import annotations
 
+import fnmatch
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -36,9 +44,10 @@ import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from dradriver.devices import names
-from dradriver.devices.attributes import IntAttribute
+from dradriver.devices.attributes import AttributeInput, IntAttribute
 from dradriver.devices.model import (
     MAX_ATTRIBUTES_AND_CAPACITIES_PER_DEVICE,
+    AttributeName,
     CounterSet,
     Device,
     DeviceName,
@@ -290,6 +299,147 @@ class Hooks(BaseModel):
 
 
 # --------------------------------------------------------------------------------------------
+# The device-plugin shim
+# --------------------------------------------------------------------------------------------
+
+# The kubelet gives PreStartContainer 30 s; the hook must finish (and the answer travel) first.
+KUBELET_PRE_START_TIMEOUT_SECONDS = 30
+MAX_PRE_START_HOOK_SECONDS = 28
+
+
+def validate_extended_resource_name(value: str) -> str:
+    """The kubelet's rule for a device-plugin resource name (``IsExtendedResourceName``)."""
+    if "/" not in value:
+        raise ValueError(
+            f"resource name {value!r} needs a domain: use <domain>/<name>, e.g. dradriver.dev/mock"
+        )
+    if "kubernetes.io/" in value:
+        raise ValueError(
+            f"resource name {value!r} is in the kubernetes.io namespace, which is reserved for "
+            "native resources; use your own domain, e.g. dradriver.dev/mock"
+        )
+    if value.startswith("requests."):
+        raise ValueError(f"resource name {value!r} must not start with 'requests.'")
+    try:
+        names.validate_label_name(f"requests.{value}", "resource name")
+    except ValueError as err:
+        raise ValueError(
+            f"resource name {value!r} is not a valid extended resource name "
+            f"(<DNS subdomain>/<name of letters, digits, '-', '_', '.'>): {err}"
+        ) from err
+    return value
+
+
+ExtendedResourceName = Annotated[str, AfterValidator(validate_extended_resource_name)]
+
+
+class DevicePluginSelector(BaseModel):
+    """Which devices a resource serves: all of the given conditions must hold.
+
+    ``names`` are device names or shell patterns (``dev-*``); ``attributes`` must all be
+    equal (names as in ``sources``: ``model`` means ``<driver>/model``). An empty selector
+    selects every device.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+
+    names: tuple[Annotated[str, Field(min_length=1)], ...] = ()
+    attributes: dict[AttributeName, AttributeInput] = Field(default_factory=dict)
+
+    def matches(self, device: Device, driver: str) -> bool:
+        if self.names and not any(fnmatch.fnmatchcase(device.name, p) for p in self.names):
+            return False
+        if self.attributes:
+            have = device.qualified_attributes(driver)
+            for name, value in self.attributes.items():
+                if have.get(names.qualify(name, driver)) != value:
+                    return False
+        return True
+
+
+class DevicePluginResource(BaseModel):
+    """One extended resource served through the device-plugin API."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+
+    resource_name: ExtendedResourceName = Field(alias="resourceName")
+    devices: DevicePluginSelector = Field(default_factory=DevicePluginSelector)
+
+
+class DevicePluginConfig(BaseModel):
+    """The legacy device-plugin shim: the same devices through the v1beta1 API.
+
+    ``partitioned``: the devices the resources select are served only through the device
+    plugin, the rest only through DRA. ``shared``: DRA sees every device too; a device held
+    through one API is hidden from the other (``hideFromDRA``: tainted or removed in the
+    ResourceSlices; reported Unhealthy in ListAndWatch).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+
+    enabled: bool = False
+    mode: Literal["partitioned", "shared"] = "partitioned"
+    resources: tuple[DevicePluginResource, ...] = ()
+    pre_start: HookSpec | None = Field(default=None, alias="preStart")
+    preferred_allocation: bool = Field(default=True, alias="preferredAllocation")
+    hide_from_dra: Literal["taint", "remove"] = Field(default="taint", alias="hideFromDRA")
+    pod_resources_interval_seconds: float = Field(
+        default=2.0, gt=0, le=300, alias="podResourcesIntervalSeconds"
+    )
+    release_grace_seconds: float = Field(default=60.0, ge=0, le=3600, alias="releaseGraceSeconds")
+
+    @model_validator(mode="after")
+    def _check(self) -> DevicePluginConfig:
+        if self.enabled and not self.resources:
+            raise ValueError(
+                "resources: the device plugin is enabled but serves no resource; add at least "
+                "one {resourceName: <domain>/<name>, devices: {...}}"
+            )
+        seen: dict[str, int] = {}
+        for index, resource in enumerate(self.resources):
+            if resource.resource_name in seen:
+                raise ValueError(
+                    f"resources[{index}].resourceName: {resource.resource_name!r} is also used "
+                    f"by resources[{seen[resource.resource_name]}]"
+                )
+            seen[resource.resource_name] = index
+        hook = self.pre_start
+        if (
+            hook is not None
+            and "timeout_seconds" in hook.model_fields_set
+            and hook.timeout_seconds > MAX_PRE_START_HOOK_SECONDS
+        ):
+            raise ValueError(
+                f"preStart.timeoutSeconds: {hook.timeout_seconds} is too long; the kubelet gives "
+                f"PreStartContainer {KUBELET_PRE_START_TIMEOUT_SECONDS} s, so use at most "
+                f"{MAX_PRE_START_HOOK_SECONDS}"
+            )
+        return self
+
+    @property
+    def pre_start_timeout(self) -> float:
+        if self.pre_start is None:
+            return 0.0
+        return float(min(self.pre_start.timeout_seconds, MAX_PRE_START_HOOK_SECONDS))
+
+    def resource_of(self, device: Device, driver: str) -> str | None:
+        """The resource serving ``device`` (the first whose selector matches), if any."""
+        for resource in self.resources:
+            if resource.devices.matches(device, driver):
+                return resource.resource_name
+        return None
+
+    def overlaps(self, devices: Iterable[Device], driver: str) -> list[str]:
+        """Devices more than one resource selects, described for an error message."""
+        out = []
+        for device in devices:
+            hits = [r.resource_name for r in self.resources if r.devices.matches(device, driver)]
+            if len(hits) > 1:
+                out.append(f"{device.name} ({', '.join(hits)})")
+        return out
+
+
+# --------------------------------------------------------------------------------------------
 # The file
 # --------------------------------------------------------------------------------------------
 
@@ -303,6 +453,9 @@ class DriverConfig(BaseModel):
     sources: tuple[SourceConfig, ...] = ()
     counter_sets: tuple[CounterSet, ...] = Field(default=(), alias="counterSets")
     hooks: Hooks = Field(default_factory=Hooks)
+    device_plugin: DevicePluginConfig = Field(
+        default_factory=DevicePluginConfig, alias="devicePlugin"
+    )
 
     @model_validator(mode="after")
     def _counter_references(self) -> DriverConfig:
