@@ -40,7 +40,7 @@ from dradriver.kubeletapi import (
 from dradriver.kubeletapi.gen import deviceplugin_v1beta1_pb2 as pb
 from dradriver.kubeletapi.gen import deviceplugin_v1beta1_pb2_grpc as pb_grpc
 from dradriver.log import get_logger
-from dradriver.plugin.helper import _serve_unix
+from dradriver.plugin.helper import serve_unix
 
 log = get_logger("plugin.deviceplugin")
 
@@ -329,7 +329,7 @@ class DevicePluginEndpoint:
         self.plugin_dir.mkdir(parents=True, exist_ok=True, mode=0o750)
         server = grpc.aio.server()
         pb_grpc.add_DevicePluginServicer_to_server(self.service, server)
-        await _serve_unix(server, self.socket)
+        await serve_unix(server, self.socket)
         self._server = server
         self._served = file_signature(self.socket)
         log.info(

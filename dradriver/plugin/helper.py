@@ -79,7 +79,8 @@ def _remove_stale(path: Path) -> None:
     path.unlink()
 
 
-async def _serve_unix(server: grpc.aio.Server, path: Path) -> None:
+async def serve_unix(server: grpc.aio.Server, path: Path) -> None:
+    """Serve on a unix socket readable only by root, replacing a dead leftover socket."""
     _remove_stale(path)
     # The kubelet runs as root; nobody else needs these sockets.
     old = os.umask(0o077)
@@ -113,7 +114,7 @@ class KubeletPluginHelper:
         self.paths.registry_dir.mkdir(parents=True, exist_ok=True, mode=0o755)
         self._dra_server = grpc.aio.server()
         self.dra_services, self._health = add_dra_services(self._dra_server, self.driver)
-        await _serve_unix(self._dra_server, self.paths.dra_socket)
+        await serve_unix(self._dra_server, self.paths.dra_socket)
         log.info("serving DRA", socket=str(self.paths.dra_socket))
         await self._start_registration()
         self._watchdog = asyncio.create_task(self._watch_sockets())
@@ -123,7 +124,7 @@ class KubeletPluginHelper:
             await self._reg_server.stop(grace=None)
         self._reg_server = grpc.aio.server()
         add_registration_service(self._reg_server, self.registration)
-        await _serve_unix(self._reg_server, self.paths.registration_socket)
+        await serve_unix(self._reg_server, self.paths.registration_socket)
         log.info("registration socket ready", socket=str(self.paths.registration_socket))
 
     async def _watch_sockets(self) -> None:
