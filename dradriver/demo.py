@@ -24,12 +24,13 @@ from dradriver import DEFAULT_DRIVER_NAME
 from dradriver.cdi import CDIRegistry
 from dradriver.cluster.api import AdminAPI, path_for, wait_until
 from dradriver.cluster.config import Layout
-from dradriver.cluster.kubeletstate import kubelet_cdi_ids
+from dradriver.cluster.kubeletstate import device_plugin_devices, kubelet_cdi_ids
 from dradriver.cluster.local import LocalCluster, running_cluster
 from dradriver.cluster.nodeplugin import NodePlugin, start_node_plugin, wait_for_slices
 from dradriver.kube.paths import RESOURCE_V1
 
 NAMESPACE = "dradriver-demo"
+LEGACY_RESOURCE = "dradriver.dev/mock"
 DRIVER = DEFAULT_DRIVER_NAME
 PAUSE = "registry.k8s.io/pause:3.10"
 Obj = dict[str, Any]
@@ -99,14 +100,29 @@ def _scenario(
                         }
                     }
                 ],
+                # dev-3 is served the classic way, as the extended resource below.
+                "devicePlugin": {
+                    "enabled": True,
+                    "mode": "partitioned",
+                    "resources": [
+                        {"resourceName": LEGACY_RESOURCE, "devices": {"names": ["dev-3"]}}
+                    ],
+                },
             }
         )
     )
     plugin = start_node_plugin(cluster, api, config, work)
     try:
         timeline.say(f"dradriver-kubeletplugin registered with the kubelet on {node}")
-        wait_for_slices(api, node, DRIVER, 4)
-        timeline.say(f"ResourceSlice published: pool {node}, devices dev-0..dev-3")
+        wait_for_slices(api, node, DRIVER, 3)
+        timeline.say(f"ResourceSlice published: pool {node}, devices dev-0..dev-2 (DRA)")
+
+        def legacy_allocatable() -> bool:
+            node_obj = api.get(path_for("v1", "nodes", name=node))
+            return bool(node_obj["status"].get("allocatable", {}).get(LEGACY_RESOURCE) == "1")
+
+        wait_until(f"{LEGACY_RESOURCE} in the node's allocatable", legacy_allocatable, 60)
+        timeline.say(f"device plugin registered: {node} allocatable {LEGACY_RESOURCE}: 1 (dev-3)")
         return _workloads(cluster, api, plugin, timeline, timeout)
     finally:
         plugin.stop()
@@ -139,9 +155,21 @@ def _workloads(
     }
     for pod in pods.values():
         api.create(path_for("v1", "pods", NAMESPACE), pod)
+    legacy_limits = {"limits": {LEGACY_RESOURCE: "1"}}
+    api.create(
+        path_for("v1", "pods", NAMESPACE),
+        {
+            "metadata": {"name": "legacy"},
+            "spec": {
+                "terminationGracePeriodSeconds": 0,
+                "containers": [{"name": "main", "image": PAUSE, "resources": legacy_limits}],
+            },
+        },
+    )
     timeline.say(
-        "created pod solo (own claim from template one-device, 2 containers) and "
-        "pods shared-a, shared-b (one ResourceClaim 'shared')"
+        "created pod solo (own claim from template one-device, 2 containers), pods "
+        "shared-a, shared-b (one ResourceClaim 'shared') and pod legacy "
+        f"(limits {LEGACY_RESOURCE}: 1, no claim)"
     )
 
     seen: set[str] = set()
@@ -176,6 +204,19 @@ def _workloads(
     if len(seen) < 3 * len(pods):
         print(f"demo: timed out; saw {sorted(seen)}", file=sys.stderr)
         return 1
+
+    def legacy_running() -> Obj | None:
+        pod = api.get(path_for("v1", "pods", NAMESPACE, "legacy"))
+        return pod if pod.get("status", {}).get("phase") == "Running" else None
+
+    legacy = wait_until("pod legacy Running", legacy_running, timeout)
+    held = device_plugin_devices(
+        cluster.layout.kubelet_root, legacy["metadata"]["uid"], LEGACY_RESOURCE
+    )
+    timeline.say(
+        f"legacy: Running with {LEGACY_RESOURCE} device {', '.join(held)} "
+        "(device-plugin API, same node, same ledger)"
+    )
 
     print("\nWhat each container gets (CDI edits resolved from the specs on disk):")
     registry = CDIRegistry(plugin.cdi_dir, DRIVER)

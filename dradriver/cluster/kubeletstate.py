@@ -25,3 +25,23 @@ def kubelet_cdi_ids(kubelet_root: Path, claim_uid: str, driver: str) -> list[str
             ids = [cdi_id for d in devices for cdi_id in d.get("CDIDeviceIDs") or []]
             return list(dict.fromkeys(ids))
     return []
+
+
+def device_plugin_devices(kubelet_root: Path, pod_uid: str, resource: str) -> list[str]:
+    """Device IDs the kubelet's device manager assigned to a pod for ``resource``.
+
+    The device manager's checkpoint sits under /var/lib/kubelet/device-plugins
+    whatever the kubelet's root dir; ``kubelet_root`` is that of node-1.
+    """
+    try:
+        outer = json.loads(
+            (kubelet_root / "device-plugins" / "kubelet_internal_checkpoint").read_text()
+        )
+    except FileNotFoundError:
+        return []
+    ids: list[str] = []
+    for entry in outer["Data"].get("PodDeviceEntries") or []:
+        if entry["PodUID"] == pod_uid and entry["ResourceName"] == resource:
+            for per_numa in (entry.get("DeviceIDs") or {}).values():
+                ids.extend(per_numa)
+    return sorted(set(ids))
