@@ -44,6 +44,7 @@ class Options:
     http_address: str = "127.0.0.1:8081"
     workers: int = 4
     shutdown_grace: float = 10.0
+    allocation_namespaces: tuple[str, ...] = ()
 
 
 class ControllerApp:
@@ -64,7 +65,35 @@ class ControllerApp:
             name="deviceclaimparameters",
             metrics=self.metrics,
         )
-        self.informers = [self.claims, self.parameters]
+        self.slices = Informer(
+            client,
+            path_for(RESOURCE_V1, "resourceslices"),
+            name="resourceslices",
+            metrics=self.metrics,
+        )
+        self.classes = Informer(
+            client,
+            path_for(RESOURCE_V1, "deviceclasses"),
+            name="deviceclasses",
+            metrics=self.metrics,
+        )
+        self.nodes = Informer(client, path_for("v1", "nodes"), name="nodes", metrics=self.metrics)
+        # Pods not bound yet: the controller holds its writes while the scheduler decides.
+        self.pending_pods = Informer(
+            client,
+            path_for("v1", "pods"),
+            name="unscheduled-pods",
+            field_selector="spec.nodeName=",
+            metrics=self.metrics,
+        )
+        self.informers = [
+            self.claims,
+            self.parameters,
+            self.slices,
+            self.classes,
+            self.nodes,
+            self.pending_pods,
+        ]
         self.elector: LeaderElector | None = None
         if options.leader_elect:
             config = LeaderElectionConfig(
@@ -79,14 +108,20 @@ class ControllerApp:
         self.parameters_reconciler = ParametersReconciler(
             client, driver, self.parameters, self.is_leader
         )
-        self.claim_reconciler = ClaimReconciler(driver, self.claims, self.parameters)
-        self.controllers = [
-            Controller(
-                "deviceclaimparameters",
-                self.parameters_reconciler,
-                workers=options.workers,
-                metrics=self.metrics,
-            ).watches(self.parameters),
+        self.claim_reconciler = ClaimReconciler(
+            client,
+            driver,
+            self.claims,
+            self.parameters,
+            self.slices,
+            self.classes,
+            self.nodes,
+            self.is_leader,
+            namespaces=options.allocation_namespaces,
+            pending_pods=self.pending_pods,
+        )
+        waiting = self.claim_reconciler.waiting_keys
+        claims_controller = (
             Controller(
                 "resourceclaims",
                 self.claim_reconciler,
@@ -94,7 +129,21 @@ class ControllerApp:
                 metrics=self.metrics,
             )
             .watches(self.claims)
-            .watches(self.parameters, claims_using(self.claims, driver)),
+            .watches(self.parameters, claims_using(self.claims, driver))
+            .watches(self.slices, waiting)
+            .watches(self.classes, waiting)
+            .watches(self.nodes, waiting)
+            .watches(self.pending_pods, self.claim_reconciler.deferred_keys)
+        )
+        self.claim_reconciler.enqueue = claims_controller.enqueue
+        self.controllers = [
+            Controller(
+                "deviceclaimparameters",
+                self.parameters_reconciler,
+                workers=options.workers,
+                metrics=self.metrics,
+            ).watches(self.parameters),
+            claims_controller,
         ]
         self._leading = False
 

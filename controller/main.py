@@ -24,9 +24,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="dradriver-controller",
         description="The control-plane component of dradriver: validates DeviceClaimParameters "
-        "(status condition Valid), resolves the parameters ResourceClaims refer to, and (in "
-        "later releases) allocates claims that ask for it and owns network-attached device "
-        "pools. Several replicas may run; one leads, chosen through a Lease.",
+        "(status condition Valid), resolves the parameters ResourceClaims refer to, and "
+        "allocates the claims that ask for it (annotation dradriver.dev/allocation: Immediate "
+        "or parameters with allocationMode: Immediate) without waiting for a pod. "
+        "Several replicas may run; one leads, chosen through a Lease.",
     )
     parser.add_argument(
         "--driver-name",
@@ -99,6 +100,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds in-flight reconciles may take to finish on SIGTERM (default: %(default)s)",
     )
     parser.add_argument(
+        "--allocation-namespace",
+        action="append",
+        default=[],
+        dest="allocation_namespaces",
+        help="allocate (and deallocate) only claims in this namespace; repeat for more "
+        "(default: every namespace). The allocated state always covers every namespace.",
+    )
+    parser.add_argument(
         "--log-level", default="info", choices=["debug", "info", "warning", "error"]
     )
     return parser
@@ -135,6 +144,7 @@ def options_from(args: argparse.Namespace) -> Options:
         http_address=args.http_address,
         workers=args.workers,
         shutdown_grace=args.shutdown_grace,
+        allocation_namespaces=tuple(args.allocation_namespaces),
     )
 
 

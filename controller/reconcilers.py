@@ -2,20 +2,42 @@
 
 * :class:`ParametersReconciler` keeps the ``Valid`` condition of every
   DeviceClaimParameters object up to date.
-* :class:`ClaimReconciler` is a placeholder for the allocation work of a later
-  change: it resolves this driver's parameters of a claim and logs the outcome,
-  without writing anything.
+* :class:`ClaimReconciler` allocates the claims that ask for it (immediate
+  allocation, no pod needed), explains why when it cannot, never double-allocates
+  against the scheduler, and deallocates them when they are deleted
+  (see :mod:`controller.allocation` for the pure parts).
 """
 
 from __future__ import annotations
 
+import time
+import uuid
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any, Literal
 
+import httpx
+
+from controller.allocation import (
+    FINALIZER,
+    STATUS_ANNOTATION,
+    Request,
+    allocation_of,
+    allocation_request,
+    annotations_of,
+    conflicts,
+    finalizers,
+    meta,
+    pin_config,
+    reserved_for,
+    should_yield,
+    with_timestamp,
+)
 from dradriver import parameters as params
-from dradriver.controllerruntime import Informer, split_key
+from dradriver.allocator import AllocatedState, Allocator, Inventory, claim_key, explain, summarize
+from dradriver.controllerruntime import Informer, RequeueAfter, split_key
 from dradriver.kube.client import KubeAPIError, KubeClient
-from dradriver.kube.paths import path_for
+from dradriver.kube.paths import RESOURCE_V1, path_for
 from dradriver.log import get_logger
 
 log = get_logger("controller")
@@ -77,41 +99,460 @@ class ParametersReconciler:
         log.info("parameters checked", parameters=key, valid=status, reason=reason)
 
 
-class ClaimReconciler:
-    """Placeholder: resolves a claim's parameters for this driver and logs the result."""
+class EventRecorder:
+    """Posts core/v1 Events about objects; the same reason and message is posted once."""
 
-    def __init__(self, driver: str, claims: Informer, parameters: Informer) -> None:
+    def __init__(self, client: KubeClient, component: str = "dradriver-controller") -> None:
+        self.client = client
+        self.component = component
+        self._last: dict[tuple[str, str], str] = {}
+        self.posted = 0
+
+    async def emit(self, obj: Obj, kind: str, type_: str, reason: str, message: str) -> None:
+        m = obj.get("metadata") or {}
+        uid = str(m.get("uid", ""))
+        if self._last.get((uid, reason)) == message:
+            return
+        self._last[(uid, reason)] = message
+        now = params.now_rfc3339()
+        namespace = str(m.get("namespace") or "default")
+        body: Obj = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {
+                "name": f"{m.get('name')}.{uuid.uuid4().hex[:16]}",
+                "namespace": namespace,
+            },
+            "involvedObject": {
+                "apiVersion": obj.get("apiVersion", RESOURCE_V1),
+                "kind": kind,
+                "name": m.get("name"),
+                "namespace": namespace,
+                "uid": uid,
+                "resourceVersion": m.get("resourceVersion"),
+            },
+            "reason": reason,
+            "message": message[:1024],
+            "type": type_,
+            "source": {"component": self.component},
+            "reportingComponent": self.component,
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+        }
+        try:
+            await self.client.create(path_for("v1", "events", namespace), body)
+            self.posted += 1
+        except (KubeAPIError, httpx.HTTPError) as e:
+            log.warning("event not posted", object=f"{namespace}/{m.get('name')}", error=str(e))
+
+    def forget(self, uid: str) -> None:
+        for k in [k for k in self._last if k[0] == uid]:
+            del self._last[k]
+
+
+@dataclass
+class AllocationStats:
+    allocated: int = 0
+    failed: int = 0
+    yielded: int = 0
+    deallocated: int = 0
+
+
+class ClaimReconciler:
+    """Allocates claims that ask for it, explains failures, deallocates on deletion.
+
+    Level-based: every call looks at the claim in the cache and does the next step
+    (finalizer, allocation, conflict check, annotation cleanup, deallocation).
+    The allocated state is kept from the claims informer, plus the allocations this
+    controller wrote that the informer has not shown yet (``inflight``), so two claims
+    are never given the same device by this controller. The scheduler can still hold a
+    device in memory that we then write: :meth:`_check_conflicts` runs after every write
+    and whenever the informer shows another claim taking one of our devices; our claim
+    gives its allocation back if nothing consumes it yet.
+    """
+
+    def __init__(
+        self,
+        client: KubeClient,
+        driver: str,
+        claims: Informer,
+        parameters: Informer,
+        slices: Informer,
+        classes: Informer,
+        nodes: Informer,
+        is_leader: Callable[[], bool] = lambda: True,
+        namespaces: Iterable[str] = (),
+        retry_base: float = 1.0,
+        retry_cap: float = 60.0,
+        pending_pods: Informer | None = None,
+        max_defer: float = 10.0,
+        quiet_period: float = 0.3,
+    ) -> None:
+        self.client = client
         self.driver = driver
         self.claims = claims
         self.parameters = parameters
-        self.seen: dict[str, str] = {}  # key -> resourceVersion last logged
+        self.slices = slices
+        self.classes = classes
+        self.nodes = nodes
+        self.is_leader = is_leader
+        self.namespaces = frozenset(namespaces)
+        self.retry_base = retry_base
+        self.retry_cap = retry_cap
+        self.pending_pods = pending_pods
+        self.max_defer = max_defer
+        self.deferred: dict[str, float] = {}  # key -> when we first waited for the scheduler
+        self.quiet_period = quiet_period
+        self.last_pod_activity = -float("inf")  # monotonic time a pod with claims last changed
+        if pending_pods is not None:
+            pending_pods.add_handler(
+                on_add=self._pod_changed,
+                on_update=lambda old, new: self._pod_changed(new),
+                on_delete=self._pod_changed,
+            )
+        self.events = EventRecorder(client)
+        self.stats = AllocationStats()
+        self.state = AllocatedState()
+        self.inflight: dict[str, tuple[Obj, int | None]] = {}  # key -> (allocation, rv written)
+        self.unallocatable: set[str] = set()
+        self.failures: dict[str, int] = {}
+        self.enqueue: Callable[[str], None] = lambda key: None
+        self._allocator: Allocator | None = None
+        self._params_error_logged: dict[str, str] = {}
+        claims.add_handler(
+            on_add=self._claim_changed,
+            on_update=lambda old, new: self._claim_changed(new),
+            on_delete=self._claim_deleted,
+        )
+        for informer in (slices, classes):
+            informer.add_handler(
+                on_add=self._inventory_changed,
+                on_update=lambda old, new: self._inventory_changed(new),
+                on_delete=self._inventory_changed,
+            )
+
+    # --- caches -------------------------------------------------------------------------
+
+    def _inventory_changed(self, obj: Obj) -> None:
+        self._allocator = None
+
+    def allocator(self) -> Allocator:
+        if self._allocator is None:
+            self._allocator = Allocator(Inventory(self.slices.items(), self.classes.items()))
+        return self._allocator
+
+    def _ours(self, key: str) -> bool:
+        claim = self.claims.get(key)
+        return key in self.inflight or (claim is not None and FINALIZER in finalizers(claim))
+
+    def _claim_changed(self, claim: Obj) -> None:
+        key = claim_key(claim)
+        allocation = allocation_of(claim)
+        if allocation:
+            self.inflight.pop(key, None)
+            for conflict in conflicts(key, allocation, self.state):
+                if self._ours(conflict.other):
+                    self.enqueue(conflict.other)
+            self.state.add(key, allocation)
+            return
+        pending = self.inflight.get(key)
+        if pending is not None:
+            written = pending[1]
+            if written is None or _rv(claim) < written:
+                return  # an older version than our write: keep holding the devices
+            self.inflight.pop(key, None)
+        if key in self.state.claims():
+            self.state.remove(key)
+            self._devices_freed()
+
+    def _claim_deleted(self, claim: Obj) -> None:
+        key = claim_key(claim)
+        self.inflight.pop(key, None)
+        self.failures.pop(key, None)
+        self.deferred.pop(key, None)
+        self.unallocatable.discard(key)
+        self.events.forget(str(meta(claim).get("uid", "")))
+        if key in self.state.claims():
+            self.state.remove(key)
+            self._devices_freed()
+
+    def _devices_freed(self) -> None:
+        for key in list(self.unallocatable):
+            self.enqueue(key)
+
+    def waiting_keys(self, obj: Obj) -> Iterable[str]:
+        """Mapper for slices, classes and nodes: the claims that could not be allocated."""
+        return list(self.unallocatable)
+
+    def _pod_changed(self, pod: Obj) -> None:
+        if (pod.get("spec") or {}).get("resourceClaims"):
+            self.last_pod_activity = time.monotonic()
+
+    def deferred_keys(self, obj: Obj) -> Iterable[str]:
+        """Mapper for unscheduled pods: the claims waiting for the scheduler to settle."""
+        return list(self.deferred)
+
+    def scheduler_busy(self) -> list[str]:
+        """Pods the scheduler may be allocating for right now (in memory, not yet written).
+
+        Its allocated-device set is a plain set fed by its claim informer: if we wrote a
+        device it reserved in memory, the two claims would hold it, and clearing either
+        one later makes the scheduler forget the device although the other still holds
+        it. So no allocation is written while a pod with claims waits for its first
+        scheduling verdict, nor within ``quiet_period`` seconds of such a pod changing
+        (the scheduler may see it before we do); bounded by ``max_defer``.
+        """
+        if self.pending_pods is None:
+            return []
+        busy = []
+        if time.monotonic() - self.last_pod_activity < self.quiet_period:
+            busy.append("(pods with claims changed just now)")
+        for pod in self.pending_pods.items():
+            spec = pod.get("spec") or {}
+            if spec.get("nodeName") or meta(pod).get("deletionTimestamp"):
+                continue
+            if not spec.get("resourceClaims"):
+                continue
+            conditions = (pod.get("status") or {}).get("conditions") or []
+            if any(
+                c.get("type") == "PodScheduled" and c.get("status") == "False" for c in conditions
+            ):
+                continue  # judged unschedulable: retried on claim events, which we are
+            busy.append(claim_key(pod))
+        return busy
+
+    # --- reconcile ----------------------------------------------------------------------
 
     def _lookup(self, namespace: str, name: str) -> Obj | None:
         return self.parameters.get_by_name(namespace, name)
 
+    def _check_leader(self, key: str) -> None:
+        if not self.is_leader():
+            raise NotLeader(f"not writing claim {key} without a fresh lease")
+
+    def _backoff(self, key: str) -> float:
+        n = self.failures.get(key, 0) + 1
+        self.failures[key] = n
+        return float(min(self.retry_cap, self.retry_base * 2 ** (n - 1)))
+
     async def __call__(self, key: str) -> None:
         claim = self.claims.get(key)
         if claim is None:
-            self.seen.pop(key, None)
             return
         namespace, _ = split_key(key)
-        try:
-            entries = params.claim_parameters(self.driver, claim)
-            resolved = [params.resolve(e, namespace or "", self._lookup) for e in entries]
-        except params.ParametersError as e:
-            self._log_once(key, claim, "claim parameters are invalid", error=str(e))
+        if self.namespaces and namespace not in self.namespaces:
             return
-        if resolved:
-            modes = sorted({str(s.allocation_mode) for s in resolved})
-            self._log_once(
-                key, claim, "claim parameters resolved", entries=len(resolved), modes=modes
+        if meta(claim).get("deletionTimestamp"):
+            if FINALIZER in finalizers(claim):
+                await self._deallocate(key, claim)
+            return
+        request = allocation_request(self.driver, claim, self._lookup)
+        if not request.immediate:
+            if request.error and self._params_error_logged.get(key) != request.error:
+                self._params_error_logged[key] = request.error
+                log.info("claim parameters are invalid", claim=key, error=request.error)
+            return
+        if request.error:
+            await self._failed(key, claim, request.error)
+        allocation = allocation_of(claim)
+        if allocation:
+            await self._check_conflicts(key, claim, allocation)
+            await self._settled(key, claim)
+            return
+        if key in self.inflight:
+            return  # written; the informer's update re-enqueues the key
+        if FINALIZER not in finalizers(claim):
+            self._check_leader(key)
+            claim = await self._patch(
+                key,
+                {
+                    "metadata": {
+                        "resourceVersion": meta(claim)["resourceVersion"],
+                        "finalizers": [*finalizers(claim), FINALIZER],
+                    }
+                },
             )
+            log.info("finalizer added", claim=key)
+        await self._allocate(key, claim, request)
 
-    def _log_once(self, key: str, claim: Obj, msg: str, **fields: Any) -> None:
-        rv = str((claim.get("metadata") or {}).get("resourceVersion", ""))
-        if self.seen.get(key) != rv:
-            self.seen[key] = rv
-            log.info(msg, claim=key, **fields)
+    async def _allocate(self, key: str, claim: Obj, request: Request) -> None:
+        busy = self.scheduler_busy()
+        if busy:
+            now = time.monotonic()
+            since = self.deferred.setdefault(key, now)
+            if now - since < self.max_defer:
+                raise RequeueAfter(0.5, f"scheduler busy with {len(busy)} pod(s): {busy[:3]}")
+            log.info("allocating although the scheduler is busy", claim=key, pods=busy[:5])
+        self.deferred.pop(key, None)
+        allocator = self.allocator()
+        nodes = self.nodes.items()
+        outcome = allocator.allocate([claim], self.state, nodes=nodes)
+        if not outcome.ok or outcome.allocations is None:
+            rows = explain(allocator, claim, self.state, nodes=nodes, outcome=outcome)
+            await self._failed(
+                key, claim, summarize(rows) or outcome.error or "cannot be allocated"
+            )
+            return
+        allocation = with_timestamp(outcome.allocations[0], params.now_rfc3339())
+        config = (allocation.get("devices") or {}).get("config")
+        if config:
+            allocation["devices"]["config"] = pin_config(self.driver, config, request)
+        self._check_leader(key)
+        self.state.add(key, allocation)  # before the first await: no other worker takes them
+        self.inflight[key] = (allocation, None)
+        namespace, name = split_key(key)
+        try:
+            written = await self.client.merge_patch(
+                path_for(RESOURCE_V1, "resourceclaims", namespace, name) + "/status",
+                {
+                    "metadata": {"resourceVersion": meta(claim)["resourceVersion"]},
+                    "status": {"allocation": allocation},
+                },
+            )
+        except BaseException:
+            self.inflight.pop(key, None)
+            if allocation_of(self.claims.get(key) or {}) is None:
+                self.state.remove(key)
+            raise
+        if key in self.inflight:
+            self.inflight[key] = (allocation, _rv(written))
+        self.stats.allocated += 1
+        devices = [
+            f"{r['driver']}/{r['pool']}/{r['device']}"
+            for r in allocation["devices"].get("results") or []
+        ]
+        node = _selected_node(allocation)
+        log.info("claim allocated", claim=key, devices=devices, node=node or "any")
+        await self.events.emit(
+            written,
+            "ResourceClaim",
+            "Normal",
+            "Allocated",
+            f"allocated {', '.join(devices)}" + (f" on node {node}" if node else ""),
+        )
+        await self._check_conflicts(key, written, allocation)
+        await self._settled(key, written)
+
+    async def _check_conflicts(self, key: str, claim: Obj, allocation: Obj) -> None:
+        found = conflicts(key, allocation, self.state)
+        if not found:
+            return
+        others = {c.other: self.claims.get(c.other) for c in found}
+        what = ", ".join(f"{'/'.join(c.device)} also allocated to claim {c.other}" for c in found)
+        if not all(should_yield(key, claim, other) for other in others.values()):
+            log.warning("allocation conflict, not yielding", claim=key, conflicts=what)
+            await self.events.emit(
+                claim,
+                "ResourceClaim",
+                "Warning",
+                "AllocationConflict",
+                f"{what}; this claim is in use, so it keeps its allocation",
+            )
+            return
+        self._check_leader(key)
+        namespace, name = split_key(key)
+        try:
+            await self.client.merge_patch(
+                path_for(RESOURCE_V1, "resourceclaims", namespace, name) + "/status",
+                {
+                    "metadata": {"resourceVersion": meta(claim)["resourceVersion"]},
+                    "status": {"allocation": None},
+                },
+            )
+        except KubeAPIError as e:
+            if e.status == 404:
+                return
+            raise
+        self.inflight.pop(key, None)
+        self.state.remove(key)
+        self.stats.yielded += 1
+        log.warning("allocation conflict, gave the allocation back", claim=key, conflicts=what)
+        await self.events.emit(
+            claim,
+            "ResourceClaim",
+            "Warning",
+            "AllocationConflict",
+            f"{what}; gave the allocation back, will allocate again (the scheduler may now "
+            "count the device as free until the other claim releases it)",
+        )
+        raise RequeueAfter(self._backoff(key), "allocation conflict")
+
+    async def _settled(self, key: str, claim: Obj) -> None:
+        self.failures.pop(key, None)
+        self.unallocatable.discard(key)
+        if STATUS_ANNOTATION in annotations_of(claim):
+            self._check_leader(key)
+            await self._patch(key, {"metadata": {"annotations": {STATUS_ANNOTATION: None}}})
+
+    async def _failed(self, key: str, claim: Obj, message: str) -> None:
+        self.unallocatable.add(key)
+        self.stats.failed += 1
+        delay = self._backoff(key)
+        log.info("claim cannot be allocated", claim=key, reason=message, retry_in=delay)
+        if annotations_of(claim).get(STATUS_ANNOTATION) != message:
+            self._check_leader(key)
+            await self._patch(key, {"metadata": {"annotations": {STATUS_ANNOTATION: message}}})
+        await self.events.emit(claim, "ResourceClaim", "Warning", "AllocationFailed", message)
+        raise RequeueAfter(delay, "cannot be allocated")
+
+    async def _deallocate(self, key: str, claim: Obj) -> None:
+        consumers = reserved_for(claim)
+        if consumers:
+            raise RequeueAfter(
+                2.0, f"claim {key} is still reserved by {len(consumers)} consumer(s)"
+            )
+        self._check_leader(key)
+        namespace, name = split_key(key)
+        if allocation_of(claim):
+            try:
+                claim = await self.client.merge_patch(
+                    path_for(RESOURCE_V1, "resourceclaims", namespace, name) + "/status",
+                    {
+                        "metadata": {"resourceVersion": meta(claim)["resourceVersion"]},
+                        "status": {"allocation": None},
+                    },
+                )
+            except KubeAPIError as e:
+                if e.status == 404:
+                    return
+                raise
+            self.inflight.pop(key, None)
+            self.state.remove(key)
+            self._devices_freed()
+            self.stats.deallocated += 1
+            log.info("claim deallocated", claim=key)
+        await self._patch(
+            key,
+            {
+                "metadata": {
+                    "resourceVersion": meta(claim)["resourceVersion"],
+                    "finalizers": [f for f in finalizers(claim) if f != FINALIZER],
+                }
+            },
+        )
+        log.info("finalizer removed", claim=key)
+
+    async def _patch(self, key: str, body: Obj) -> Obj:
+        namespace, name = split_key(key)
+        return await self.client.merge_patch(
+            path_for(RESOURCE_V1, "resourceclaims", namespace, name), body
+        )
+
+
+def _rv(obj: Obj) -> int:
+    try:
+        return int(meta(obj).get("resourceVersion") or 0)
+    except ValueError:
+        return 0
+
+
+def _selected_node(allocation: Obj) -> str | None:
+    for term in (allocation.get("nodeSelector") or {}).get("nodeSelectorTerms") or []:
+        for field in term.get("matchFields") or []:
+            if field.get("key") == "metadata.name" and len(field.get("values") or []) == 1:
+                return str(field["values"][0])
+    return None
 
 
 def claims_using(claims: Informer, driver: str) -> Callable[[Obj], Iterable[str]]:

@@ -62,7 +62,10 @@ def test_readiness_standby_needs_synced_caches() -> None:
     async def scenario() -> None:
         app = ControllerApp(Options(driver_name="dradriver.dev"), _NoServer())
         ok, reason = app.ready()
-        assert not ok and reason == "caches not synced: resourceclaims, deviceclaimparameters"
+        assert not ok and reason == (
+            "caches not synced: resourceclaims, deviceclaimparameters, resourceslices, "
+            "deviceclasses, nodes, unscheduled-pods"
+        )
         app.parameters.last_error = "403 Forbidden"
         assert "deviceclaimparameters (403 Forbidden)" in app.ready()[1]
         for informer in app.informers:
