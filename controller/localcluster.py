@@ -7,16 +7,15 @@ RBAC, so a missing permission fails here as it would in a cluster.
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
-import yaml
 
 from dradriver.cluster.api import AdminAPI, path_for, wait_until
+from dradriver.cluster.config import write_kubeconfig
 from dradriver.cluster.local import LocalCluster
 from dradriver.cluster.nodeplugin import apply_file, free_port
 from dradriver.cluster.process import log_tail
@@ -56,27 +55,14 @@ def controller_kubeconfig(api: AdminAPI, cluster: LocalCluster, workdir: Path) -
             "spec": {"expirationSeconds": 86400},
         },
     )["status"]["token"]
-    doc = {
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [
-            {
-                "name": "local",
-                "cluster": {
-                    "server": cluster.layout.apiserver_url,
-                    "certificate-authority": str(cluster.layout.pki / "ca.crt"),
-                },
-            }
-        ],
-        "users": [{"name": SERVICE_ACCOUNT, "user": {"token": token}}],
-        "contexts": [{"name": "local", "context": {"cluster": "local", "user": SERVICE_ACCOUNT}}],
-        "current-context": "local",
-    }
-    workdir.mkdir(parents=True, exist_ok=True, mode=0o700)
     kubeconfig = workdir / "controller.kubeconfig"
-    fd = os.open(kubeconfig, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        yaml.safe_dump(doc, f)
+    write_kubeconfig(
+        kubeconfig,
+        cluster.layout.apiserver_url,
+        cluster.layout.pki / "ca.crt",
+        SERVICE_ACCOUNT,
+        token=token,
+    )
     return kubeconfig
 
 

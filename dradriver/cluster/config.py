@@ -174,7 +174,20 @@ class Layout:
         return self.node(1).marker
 
 
-def write_kubeconfig(path: Path, server: str, ca: Path, cert: Path, key: Path, user: str) -> None:
+def write_kubeconfig(
+    path: Path,
+    server: str,
+    ca: Path,
+    user: str,
+    *,
+    cert: Path | None = None,
+    key: Path | None = None,
+    token: str | None = None,
+) -> None:
+    """A one-context kubeconfig (mode 0600) with a client certificate or a bearer token."""
+    credentials: dict[str, Any] = (
+        {"token": token} if token else {"client-certificate": str(cert), "client-key": str(key)}
+    )
     doc: dict[str, Any] = {
         "apiVersion": "v1",
         "kind": "Config",
@@ -184,12 +197,7 @@ def write_kubeconfig(path: Path, server: str, ca: Path, cert: Path, key: Path, u
                 "cluster": {"server": server, "certificate-authority": str(ca)},
             }
         ],
-        "users": [
-            {
-                "name": user,
-                "user": {"client-certificate": str(cert), "client-key": str(key)},
-            }
-        ],
+        "users": [{"name": user, "user": credentials}],
         "contexts": [
             {"name": "dradriver-local", "context": {"cluster": "dradriver-local", "user": user}}
         ],

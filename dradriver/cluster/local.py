@@ -339,9 +339,9 @@ class LocalCluster:
                 target,
                 self.layout.apiserver_url,
                 p / "ca.crt",
-                p / f"{user}.crt",
-                p / f"{user}.key",
                 user,
+                cert=p / f"{user}.crt",
+                key=p / f"{user}.key",
             )
         for node in self.layout.all_nodes():
             ca.issue(

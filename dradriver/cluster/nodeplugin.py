@@ -9,7 +9,6 @@ the node-scoped admission policy applies.
 
 from __future__ import annotations
 
-import os
 import socket
 import subprocess
 import sys
@@ -21,6 +20,7 @@ import httpx
 import yaml
 
 from dradriver.cluster.api import AdminAPI, APIError, path_for, wait_until
+from dradriver.cluster.config import write_kubeconfig
 from dradriver.cluster.local import LocalCluster
 from dradriver.cluster.process import log_tail
 from dradriver.kube.paths import RESOURCE_V1
@@ -129,26 +129,13 @@ def plugin_identity(api: AdminAPI, cluster: LocalCluster, node: str, workdir: Pa
         },
     )["status"]["token"]
     kubeconfig = workdir / "plugin.kubeconfig"
-    doc = {
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [
-            {
-                "name": "local",
-                "cluster": {
-                    "server": cluster.layout.apiserver_url,
-                    "certificate-authority": str(cluster.layout.pki / "ca.crt"),
-                },
-            }
-        ],
-        "users": [{"name": SERVICE_ACCOUNT, "user": {"token": token}}],
-        "contexts": [{"name": "local", "context": {"cluster": "local", "user": SERVICE_ACCOUNT}}],
-        "current-context": "local",
-    }
-    workdir.mkdir(parents=True, exist_ok=True, mode=0o700)
-    fd = os.open(kubeconfig, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        yaml.safe_dump(doc, f)
+    write_kubeconfig(
+        kubeconfig,
+        cluster.layout.apiserver_url,
+        cluster.layout.pki / "ca.crt",
+        SERVICE_ACCOUNT,
+        token=token,
+    )
     return kubeconfig
 
 
