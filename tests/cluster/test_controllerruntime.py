@@ -34,18 +34,39 @@ async def eventually(what: str, cond: Callable[[], bool], deadline: float = 30) 
 
 
 class GatedClient(KubeClient):
-    """Holds new watch requests while the gate is closed (to make changes during a gap)."""
+    """Holds new watch requests while the gate is closed (to make changes during a gap).
+
+    ``expire_next`` makes the next watch answer like the apiserver does for a
+    compacted resourceVersion (an ERROR event, code 410). A fake, because a young
+    cluster's watch cache still serves old versions: the 410 cannot be caused on
+    demand. Everything else (lists, the following watch) is the real apiserver.
+    """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.gate = asyncio.Event()
         self.gate.set()
         self.held = 0
+        self.expire_next = False
 
     async def watch(self, path: str, resource_version: str, **params: Any) -> AsyncIterator[Obj]:
         if not self.gate.is_set():
             self.held += 1
             await self.gate.wait()
+        if self.expire_next:
+            self.expire_next = False
+            yield {
+                "type": "ERROR",
+                "object": {
+                    "kind": "Status",
+                    "apiVersion": "v1",
+                    "status": "Failure",
+                    "reason": "Expired",
+                    "message": f"too old resource version: {resource_version}",
+                    "code": 410,
+                },
+            }
+            return
         async for event in super().watch(path, resource_version, **params):
             yield event
 
@@ -176,7 +197,8 @@ def test_gone_relists_without_losing_events(local_cluster: LocalCluster, namespa
             await eventually("watching", lambda: informer.watch_starts == 1)
 
             client.gate.clear()
-            informer.restart_watch("1")  # far older than the watch cache's window
+            client.expire_next = True
+            informer.restart_watch("1")
             await eventually("the watch is held", lambda: client.held == 1)
             mark = len(rec.events)
             a = await writer.get(path_for("v1", "configmaps", namespace, "a"))
