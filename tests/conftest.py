@@ -38,7 +38,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def local_cluster() -> Iterator[LocalCluster]:
     gates = parse_feature_gates(os.environ.get("DRADRIVER_FEATURE_GATES", ""))
     layout = Layout(
-        state_dir=default_state_dir(), nodes=int(os.environ.get("DRADRIVER_NODES", "1"))
+        state_dir=default_state_dir(), nodes=int(os.environ.get("DRADRIVER_NODES", "2"))
     )
     with running_cluster(layout, gates) as (cluster, _, _):
         yield cluster

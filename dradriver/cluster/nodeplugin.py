@@ -230,6 +230,9 @@ def start_node_plugin(
     driver: str = "dradriver.dev",
 ) -> NodePlugin:
     node = node or cluster.layout.node_name
+    layouts = {n.name: n for n in cluster.layout.all_nodes()}
+    if node not in layouts:
+        raise ValueError(f"the local cluster has no node {node!r} (nodes: {sorted(layouts)})")
     kubeconfig = plugin_identity(api, cluster, node, workdir)
     plugin = NodePlugin(
         node=node,
@@ -237,7 +240,7 @@ def start_node_plugin(
         config=config,
         kubeconfig=kubeconfig,
         workdir=workdir,
-        kubelet_root=cluster.layout.kubelet_root,
+        kubelet_root=layouts[node].root,
         cdi_dir=workdir / "cdi",
         port=free_port(),
     )
