@@ -19,6 +19,7 @@ def test_components_are_real_and_running(local_cluster: LocalCluster) -> None:
     state = local_cluster.running()
     assert state is not None
     names = [c.name for c in state.components]
+    extra = [n for n in state.nodes if n != "node-1"]
     assert names == [
         "etcd",
         "kube-apiserver",
@@ -26,6 +27,7 @@ def test_components_are_real_and_running(local_cluster: LocalCluster) -> None:
         "kube-scheduler",
         "fakecri",
         "kubelet",
+        *(f"{kind}-{node}" for node in extra for kind in ("fakecri", "kubelet")),
     ]
     assert all(c.alive() for c in state.components)
 
