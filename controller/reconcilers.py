@@ -451,21 +451,8 @@ class ClaimReconciler:
             )
             return
         self._check_leader(key)
-        namespace, name = split_key(key)
-        try:
-            await self.client.merge_patch(
-                path_for(RESOURCE_V1, "resourceclaims", namespace, name) + "/status",
-                {
-                    "metadata": {"resourceVersion": meta(claim)["resourceVersion"]},
-                    "status": {"allocation": None},
-                },
-            )
-        except KubeAPIError as e:
-            if e.status == 404:
-                return
-            raise
-        self.inflight.pop(key, None)
-        self.state.remove(key)
+        if await self._clear_allocation(key, claim) is None:
+            return
         self.stats.yielded += 1
         log.warning("allocation conflict, gave the allocation back", claim=key, conflicts=what)
         await self.events.emit(
@@ -477,6 +464,28 @@ class ClaimReconciler:
             "count the device as free until the other claim releases it)",
         )
         raise RequeueAfter(self._backoff(key), "allocation conflict")
+
+    async def _clear_allocation(self, key: str, claim: Obj) -> Obj | None:
+        """Clear status.allocation (at the claim's resourceVersion) and forget our hold.
+
+        Returns the updated claim, or None if the claim is gone.
+        """
+        namespace, name = split_key(key)
+        try:
+            updated = await self.client.merge_patch(
+                path_for(RESOURCE_V1, "resourceclaims", namespace, name) + "/status",
+                {
+                    "metadata": {"resourceVersion": meta(claim)["resourceVersion"]},
+                    "status": {"allocation": None},
+                },
+            )
+        except KubeAPIError as e:
+            if e.status == 404:
+                return None
+            raise
+        self.inflight.pop(key, None)
+        self.state.remove(key)
+        return updated
 
     async def _settled(self, key: str, claim: Obj) -> None:
         self.failures.pop(key, None)
@@ -503,22 +512,11 @@ class ClaimReconciler:
                 2.0, f"claim {key} is still reserved by {len(consumers)} consumer(s)"
             )
         self._check_leader(key)
-        namespace, name = split_key(key)
         if allocation_of(claim):
-            try:
-                claim = await self.client.merge_patch(
-                    path_for(RESOURCE_V1, "resourceclaims", namespace, name) + "/status",
-                    {
-                        "metadata": {"resourceVersion": meta(claim)["resourceVersion"]},
-                        "status": {"allocation": None},
-                    },
-                )
-            except KubeAPIError as e:
-                if e.status == 404:
-                    return
-                raise
-            self.inflight.pop(key, None)
-            self.state.remove(key)
+            cleared = await self._clear_allocation(key, claim)
+            if cleared is None:
+                return
+            claim = cleared
             self._devices_freed()
             self.stats.deallocated += 1
             log.info("claim deallocated", claim=key)
