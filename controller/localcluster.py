@@ -15,9 +15,8 @@ from pathlib import Path
 import httpx
 
 from dradriver.cluster.api import AdminAPI, path_for, wait_until
-from dradriver.cluster.config import write_kubeconfig
 from dradriver.cluster.local import LocalCluster
-from dradriver.cluster.nodeplugin import apply_file, free_port
+from dradriver.cluster.nodeplugin import apply_file, free_port, service_account_kubeconfig
 from dradriver.cluster.process import log_tail
 
 NAMESPACE = "dradriver"
@@ -47,23 +46,9 @@ def controller_kubeconfig(api: AdminAPI, cluster: LocalCluster, workdir: Path) -
         lambda: api.get_or_none(path_for("v1", "serviceaccounts", NAMESPACE, SERVICE_ACCOUNT)),
         30,
     )
-    token = api.create(
-        path_for("v1", "serviceaccounts", NAMESPACE, SERVICE_ACCOUNT) + "/token",
-        {
-            "apiVersion": "authentication.k8s.io/v1",
-            "kind": "TokenRequest",
-            "spec": {"expirationSeconds": 86400},
-        },
-    )["status"]["token"]
-    kubeconfig = workdir / "controller.kubeconfig"
-    write_kubeconfig(
-        kubeconfig,
-        cluster.layout.apiserver_url,
-        cluster.layout.pki / "ca.crt",
-        SERVICE_ACCOUNT,
-        token=token,
+    return service_account_kubeconfig(
+        api, cluster, NAMESPACE, SERVICE_ACCOUNT, workdir / "controller.kubeconfig"
     )
-    return kubeconfig
 
 
 @dataclass

@@ -112,31 +112,32 @@ def plugin_identity(api: AdminAPI, cluster: LocalCluster, node: str, workdir: Pa
                 },
             },
         )
-    token = api.create(
-        path_for("v1", "serviceaccounts", NAMESPACE, SERVICE_ACCOUNT) + "/token",
-        {
-            "apiVersion": "authentication.k8s.io/v1",
-            "kind": "TokenRequest",
-            "spec": {
-                "expirationSeconds": 86400,
-                "boundObjectRef": {
-                    "apiVersion": "v1",
-                    "kind": "Pod",
-                    "name": pod_name,
-                    "uid": pod["metadata"]["uid"],
-                },
-            },
-        },
-    )["status"]["token"]
-    kubeconfig = workdir / "plugin.kubeconfig"
-    write_kubeconfig(
-        kubeconfig,
-        cluster.layout.apiserver_url,
-        cluster.layout.pki / "ca.crt",
-        SERVICE_ACCOUNT,
-        token=token,
+    bound = {"apiVersion": "v1", "kind": "Pod", "name": pod_name, "uid": pod["metadata"]["uid"]}
+    return service_account_kubeconfig(
+        api, cluster, NAMESPACE, SERVICE_ACCOUNT, workdir / "plugin.kubeconfig", bound
     )
-    return kubeconfig
+
+
+def service_account_kubeconfig(
+    api: AdminAPI,
+    cluster: LocalCluster,
+    namespace: str,
+    account: str,
+    path: Path,
+    bound_object: dict[str, Any] | None = None,
+) -> Path:
+    """A kubeconfig with a fresh token of a ServiceAccount (bound to ``bound_object`` if given)."""
+    spec: dict[str, Any] = {"expirationSeconds": 86400}
+    if bound_object is not None:
+        spec["boundObjectRef"] = bound_object
+    token = api.create(
+        path_for("v1", "serviceaccounts", namespace, account) + "/token",
+        {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": spec},
+    )["status"]["token"]
+    write_kubeconfig(
+        path, cluster.layout.apiserver_url, cluster.layout.pki / "ca.crt", account, token=token
+    )
+    return path
 
 
 @dataclass
