@@ -1,4 +1,6 @@
-"""Pure parts of controller allocation: who asks for it, config pinning, conflict detection.
+"""Pure parts of controller allocation: who asks for it, the effective request (parameters'
+``count`` and ``selectors`` applied), config pinning, conflict detection, and which claims
+keep a DeviceClaimParameters object in use.
 
 Everything here works on resource.k8s.io/v1 JSON dicts and has no I/O, so it is unit
 tested on its own; :mod:`controller.reconcilers` does the API writes.
@@ -7,7 +9,7 @@ tested on its own; :mod:`controller.reconcilers` does the API writes.
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,6 +24,8 @@ STATUS_ANNOTATION = "dradriver.dev/allocation-status"
 """Why the controller could not allocate the claim (ResourceClaimStatus has no conditions)."""
 FINALIZER = "dradriver.dev/allocation"
 """The controller's own finalizer on claims it allocated (flows.md §b)."""
+IN_USE_FINALIZER = "dradriver.dev/in-use"
+"""On a DeviceClaimParameters object while an allocated claim references it."""
 IMMEDIATE = params.AllocationMode.IMMEDIATE.value
 
 Lookup = Callable[[str, str], Obj | None]
@@ -74,6 +78,57 @@ def allocation_request(driver: str, claim: Obj, lookup: Lookup) -> Request:
     except params.ParametersError as e:
         return Request(immediate=annotated, error=str(e))
     return Request(immediate=annotated or any(s.immediate for _, s in specs), specs=specs)
+
+
+def _applies(requests: tuple[str, ...], name: str, sub: str | None = None) -> bool:
+    """Whether a config entry limited to ``requests`` (empty: all) covers this (sub)request.
+
+    As for DeviceClaimConfiguration.requests: a main request's name covers its subrequests.
+    """
+    if not requests:
+        return True
+    return name in requests or (sub is not None and f"{name}/{sub}" in requests)
+
+
+def _apply_spec(exact: Obj, spec: params.DeviceClaimParametersSpec) -> None:
+    if spec.count is not None:
+        exact["allocationMode"] = "ExactCount"
+        exact["count"] = spec.count
+    if spec.selectors:
+        exact["selectors"] = [
+            *(exact.get("selectors") or []),
+            *({"cel": {"expression": expression}} for expression in spec.selectors),
+        ]
+
+
+def effective_claim(claim: Mapping[str, Any], request: Request) -> Obj:
+    """A copy of ``claim`` whose requests carry the resolved parameters' ``count``/``selectors``.
+
+    This is what the controller hands to the allocator (immediate allocation only; the
+    claim in the API is not changed, and the scheduler never sees these fields). Each
+    parameters entry applies to the requests it names (all when it names none), to every
+    subrequest of a ``firstAvailable`` request: ``count`` makes the request
+    ``ExactCount`` with that many devices, ``selectors`` are appended to the request's
+    own (all must hold). When several entries set ``count`` for one request, the later
+    entry wins, as for other config.
+    """
+    out: Obj = copy.deepcopy(dict(claim))
+    specs = [
+        (entry.requests, spec) for entry, spec in request.specs if spec.count or spec.selectors
+    ]
+    if not specs:
+        return out
+    for req in ((out.get("spec") or {}).get("devices") or {}).get("requests") or []:
+        name = str(req.get("name", ""))
+        if req.get("exactly") is not None:
+            for requests, spec in specs:
+                if _applies(requests, name):
+                    _apply_spec(req["exactly"], spec)
+        for sub in req.get("firstAvailable") or []:
+            for requests, spec in specs:
+                if _applies(requests, name, str(sub.get("name", ""))):
+                    _apply_spec(sub, spec)
+    return out
 
 
 def pin_config(driver: str, config: Iterable[Mapping[str, Any]], request: Request) -> list[Obj]:
@@ -174,3 +229,44 @@ def with_timestamp(allocation: Obj, now: str) -> Obj:
     out = copy.deepcopy(allocation)
     out["allocationTimestamp"] = now
     return out
+
+
+def referenced_parameters(driver: str, claim: Mapping[str, Any]) -> list[str]:
+    """Names of the DeviceClaimParameters objects the claim references (same namespace).
+
+    A claim whose parameters cannot be parsed references nothing.
+    """
+    try:
+        entries = params.claim_parameters(driver, dict(claim))
+    except params.ParametersError:
+        return []
+    names: list[str] = []
+    for entry in entries:
+        source = entry.source
+        if isinstance(source, params.ParametersReference) and source.name not in names:
+            names.append(source.name)
+    return names
+
+
+def claims_keeping(
+    driver: str, claims: Iterable[Mapping[str, Any]], namespace: str, name: str
+) -> list[str]:
+    """Names (sorted) of the allocated claims in ``namespace`` that reference ``name``.
+
+    These keep the DeviceClaimParameters object ``namespace/name`` in use: while any
+    exists it carries :data:`IN_USE_FINALIZER`.
+    """
+    return sorted(
+        str(meta(claim).get("name", ""))
+        for claim in claims
+        if meta(claim).get("namespace") == namespace
+        and allocation_of(claim)
+        and name in referenced_parameters(driver, claim)
+    )
+
+
+def in_use_message(users: Sequence[str], limit: int = 10) -> str:
+    """``in use by claims a, b`` (at most ``limit`` names, then how many more)."""
+    shown = ", ".join(users[:limit])
+    more = f" and {len(users) - limit} more" if len(users) > limit else ""
+    return f"in use by claim{'s' if len(users) != 1 else ''} {shown}{more}"

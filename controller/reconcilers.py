@@ -1,7 +1,8 @@
 """The controller's reconcilers (level-based: each looks at the cache, never at events).
 
 * :class:`ParametersReconciler` keeps the ``Valid`` condition of every
-  DeviceClaimParameters object up to date.
+  DeviceClaimParameters object up to date, and its in-use finalizer while allocated
+  claims reference it.
 * :class:`ClaimReconciler` allocates the claims that ask for it (immediate
   allocation, no pod needed), explains why when it cannot, never double-allocates
   against the scheduler, and deallocates them when they are deleted
@@ -10,6 +11,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from collections.abc import Callable, Iterable
@@ -18,23 +20,37 @@ from typing import Any, Literal
 
 import httpx
 
+from controller import fence as fences
 from controller.allocation import (
     FINALIZER,
+    IN_USE_FINALIZER,
     STATUS_ANNOTATION,
     Request,
     allocation_of,
     allocation_request,
     annotations_of,
+    claims_keeping,
     conflicts,
+    effective_claim,
     finalizers,
+    in_use_message,
     meta,
     pin_config,
+    referenced_parameters,
     reserved_for,
     should_yield,
     with_timestamp,
 )
 from dradriver import parameters as params
-from dradriver.allocator import AllocatedState, Allocator, Inventory, claim_key, explain, summarize
+from dradriver.allocator import (
+    AllocatedState,
+    Allocator,
+    DeviceID,
+    Inventory,
+    claim_key,
+    explain,
+    summarize,
+)
 from dradriver.controllerruntime import Informer, RequeueAfter, split_key
 from dradriver.kube.client import KubeAPIError, KubeClient
 from dradriver.kube.paths import RESOURCE_V1, path_for
@@ -49,25 +65,89 @@ class NotLeader(RuntimeError):
 
 
 class ParametersReconciler:
+    """Keeps the ``Valid`` condition and the in-use finalizer of DeviceClaimParameters.
+
+    With the claims informer, an object referenced by an allocated claim of this driver
+    carries :data:`~controller.allocation.IN_USE_FINALIZER` until no such claim is left,
+    so deleting it waits for its claims (an ``InUse`` event says which, once). The
+    controller must also watch the claims with :func:`parameters_used_by`.
+    """
+
     def __init__(
         self,
         client: KubeClient,
         driver: str,
         informer: Informer,
         is_leader: Callable[[], bool] = lambda: True,
+        claims: Informer | None = None,
     ) -> None:
         self.client = client
         self.driver = driver
         self.informer = informer
         self.is_leader = is_leader
+        self.claims = claims
         self.api_version = f"{driver}/{params.VERSION}"
         self.status_writes = 0
+        self.events = EventRecorder(client)
+        informer.add_handler(on_delete=lambda obj: self.events.forget(str(meta(obj).get("uid"))))
+
+    def _check_leader(self, key: str) -> None:
+        if not self.is_leader():
+            raise NotLeader(f"not writing parameters {key} without a fresh lease")
 
     async def __call__(self, key: str) -> None:
         obj = self.informer.get(key)
-        if obj is None or (obj.get("metadata") or {}).get("deletionTimestamp"):
+        if obj is None:
             return
-        meta = obj["metadata"]
+        if self.claims is not None:
+            obj = await self._protect(key, obj)
+            if obj is None:
+                return
+        if meta(obj).get("deletionTimestamp"):
+            return
+        await self._validate(key, obj)
+
+    async def _protect(self, key: str, obj: Obj) -> Obj | None:
+        """Add or remove the in-use finalizer; returns the object as written (None: gone)."""
+        assert self.claims is not None
+        namespace, name = split_key(key)
+        users = claims_keeping(self.driver, self.claims.items(), namespace or "", name)
+        current = finalizers(obj)
+        deleting = bool(meta(obj).get("deletionTimestamp"))
+        wanted = current
+        if users and IN_USE_FINALIZER not in current and not deleting:
+            wanted = [*current, IN_USE_FINALIZER]  # none can be added once deleting
+        elif not users and IN_USE_FINALIZER in current:
+            wanted = [f for f in current if f != IN_USE_FINALIZER]
+        if wanted != current:
+            self._check_leader(key)
+            path = path_for(self.api_version, params.PLURAL, namespace, name)
+            body = {
+                "metadata": {"resourceVersion": meta(obj)["resourceVersion"], "finalizers": wanted}
+            }
+            try:
+                obj = await self.client.merge_patch(path, body)
+            except KubeAPIError as e:
+                if e.status == 404:
+                    return None  # deleted meanwhile
+                raise  # 409: the cache is behind; retried with backoff once it catches up
+            log.info(
+                "parameters in use" if users else "parameters no longer in use",
+                parameters=key,
+                claims=users[:10],
+            )
+        if deleting and users and IN_USE_FINALIZER in finalizers(obj):
+            await self.events.emit(
+                {**obj, "apiVersion": self.api_version},
+                params.KIND,
+                "Warning",
+                "InUse",
+                f"deletion waits: {in_use_message(users)}",
+            )
+        return obj
+
+    async def _validate(self, key: str, obj: Obj) -> None:
+        metadata = obj["metadata"]
         status: Literal["True", "False"]
         try:
             params.spec_of(obj)
@@ -77,7 +157,7 @@ class ParametersReconciler:
             status, reason, message = "True", "Valid", "the spec is valid"
         current = (obj.get("status") or {}).get("conditions") or []
         conditions, changed = params.set_condition(
-            current, params.VALID_CONDITION, status, reason, message, meta.get("generation")
+            current, params.VALID_CONDITION, status, reason, message, metadata.get("generation")
         )
         if not changed:
             return
@@ -86,7 +166,7 @@ class ParametersReconciler:
         namespace, name = split_key(key)
         path = path_for(self.api_version, params.PLURAL, namespace, name) + "/status"
         body = {
-            "metadata": {"resourceVersion": meta["resourceVersion"]},
+            "metadata": {"resourceVersion": metadata["resourceVersion"]},
             "status": {"conditions": conditions},
         }
         try:
@@ -157,6 +237,8 @@ class AllocationStats:
     failed: int = 0
     yielded: int = 0
     deallocated: int = 0
+    fences_allocated: int = 0  # fence allocation writes (creations and pulses)
+    fences_deleted: int = 0
 
 
 class ClaimReconciler:
@@ -169,7 +251,10 @@ class ClaimReconciler:
     are never given the same device by this controller. The scheduler can still hold a
     device in memory that we then write: :meth:`_check_conflicts` runs after every write
     and whenever the informer shows another claim taking one of our devices; our claim
-    gives its allocation back if nothing consumes it yet.
+    gives its allocation back if nothing consumes it yet. A device that loses one of two
+    holders (our give-back, or any other removal) drops out of the scheduler's
+    allocated-device set although the other claim still holds it: a fence claim in
+    ``fence_namespace`` puts it back (:mod:`controller.fence` says why and how).
     """
 
     def __init__(
@@ -188,6 +273,7 @@ class ClaimReconciler:
         pending_pods: Informer | None = None,
         max_defer: float = 10.0,
         quiet_period: float = 0.3,
+        fence_namespace: str = "dradriver",
     ) -> None:
         self.client = client
         self.driver = driver
@@ -220,9 +306,13 @@ class ClaimReconciler:
         self.enqueue: Callable[[str], None] = lambda key: None
         self._allocator: Allocator | None = None
         self._params_error_logged: dict[str, str] = {}
+        self.fence_namespace = fence_namespace
+        self.fence_marks = fences.Marks()
+        self.fence_devices: dict[str, list[DeviceID]] = {}  # fence key -> devices (if known)
+        self._fence_lock = asyncio.Lock()  # fences are rare: one fence write at a time
         claims.add_handler(
             on_add=self._claim_changed,
-            on_update=lambda old, new: self._claim_changed(new),
+            on_update=lambda old, new: self._claim_changed(new, old),
             on_delete=self._claim_deleted,
         )
         for informer in (slices, classes):
@@ -246,8 +336,11 @@ class ClaimReconciler:
         claim = self.claims.get(key)
         return key in self.inflight or (claim is not None and FINALIZER in finalizers(claim))
 
-    def _claim_changed(self, claim: Obj) -> None:
+    def _claim_changed(self, claim: Obj, old: Obj | None = None) -> None:
         key = claim_key(claim)
+        if fences.is_fence(claim):
+            self.fence_devices[key] = fences.fence_devices(claim)
+        self._note_removal(key, fences.removed_devices(old, claim), _rv(claim))
         allocation = allocation_of(claim)
         if allocation:
             self.inflight.pop(key, None)
@@ -268,6 +361,7 @@ class ClaimReconciler:
 
     def _claim_deleted(self, claim: Obj) -> None:
         key = claim_key(claim)
+        self._note_removal(key, fences.removed_devices(claim, None), _rv(claim))
         self.inflight.pop(key, None)
         self.failures.pop(key, None)
         self.deferred.pop(key, None)
@@ -337,6 +431,9 @@ class ClaimReconciler:
         return float(min(self.retry_cap, self.retry_base * 2 ** (n - 1)))
 
     async def __call__(self, key: str) -> None:
+        if self._is_fence_key(key):
+            await self.reconcile_fence(key)
+            return
         claim = self.claims.get(key)
         if claim is None:
             return
@@ -353,9 +450,11 @@ class ClaimReconciler:
                 self._params_error_logged[key] = request.error
                 log.info("claim parameters are invalid", claim=key, error=request.error)
             return
-        if request.error:
-            await self._failed(key, claim, request.error)
         allocation = allocation_of(claim)
+        if request.error and not allocation:
+            # An allocated claim has its parameters pinned: a parameters object deleted
+            # or changed later does not concern it.
+            await self._failed(key, claim, request.error)
         if allocation:
             await self._check_conflicts(key, claim, allocation)
             await self._settled(key, claim)
@@ -387,9 +486,10 @@ class ClaimReconciler:
         self.deferred.pop(key, None)
         allocator = self.allocator()
         nodes = self.nodes.items()
-        outcome = allocator.allocate([claim], self.state, nodes=nodes)
+        effective = effective_claim(claim, request)  # the parameters' count and selectors
+        outcome = allocator.allocate([effective], self.state, nodes=nodes)
         if not outcome.ok or outcome.allocations is None:
-            rows = explain(allocator, claim, self.state, nodes=nodes, outcome=outcome)
+            rows = explain(allocator, effective, self.state, nodes=nodes, outcome=outcome)
             await self._failed(
                 key, claim, summarize(rows) or outcome.error or "cannot be allocated"
             )
@@ -435,7 +535,10 @@ class ClaimReconciler:
         await self._settled(key, written)
 
     async def _check_conflicts(self, key: str, claim: Obj, allocation: Obj) -> None:
-        found = conflicts(key, allocation, self.state)
+        # A fence is no consumer: it only mirrors another claim's hold for the scheduler.
+        found = [
+            c for c in conflicts(key, allocation, self.state) if not self._is_fence_key(c.other)
+        ]
         if not found:
             return
         others = {c.other: self.claims.get(c.other) for c in found}
@@ -451,8 +554,10 @@ class ClaimReconciler:
             )
             return
         self._check_leader(key)
-        if await self._clear_allocation(key, claim) is None:
+        cleared = await self._clear_allocation(key, claim)
+        if cleared is None:
             return
+        await self._fence_after_removal(key, allocation, _rv(cleared))
         self.stats.yielded += 1
         log.warning("allocation conflict, gave the allocation back", claim=key, conflicts=what)
         await self.events.emit(
@@ -460,10 +565,181 @@ class ClaimReconciler:
             "ResourceClaim",
             "Warning",
             "AllocationConflict",
-            f"{what}; gave the allocation back, will allocate again (the scheduler may now "
-            "count the device as free until the other claim releases it)",
+            f"{what}; gave the allocation back, will allocate again",
         )
         raise RequeueAfter(self._backoff(key), "allocation conflict")
+
+    # --- fences (see controller.fence) ----------------------------------------------------
+
+    def _is_fence_key(self, key: str) -> bool:
+        return fences.is_fence_key(self.fence_namespace, key)
+
+    def _in_scope(self, key: str) -> bool:
+        """Whether fences guarding claim ``key`` are ours to manage.
+
+        With ``--allocation-namespace`` the controller only acts for those namespaces, so
+        several controllers (one per namespace set) never fight over the same fence.
+        """
+        return not self.namespaces or split_key(key)[0] in self.namespaces
+
+    def _note_removal(self, key: str, devices: list[DeviceID], at: int) -> None:
+        """Claim ``key`` let go of ``devices`` at resourceVersion ``at`` (scheduler: removed).
+
+        A device another real claim (in scope) still holds is marked and its fence
+        enqueued; a device nobody but fences holds any more has those fences enqueued (to
+        be deleted).
+        """
+        for device in devices:
+            holders = [h for h in self.state.dedicated.get(device, []) if h != key]
+            real = [h for h in holders if not self._is_fence_key(h)]
+            if any(self._in_scope(h) for h in real):
+                self.fence_marks.mark(device, at)
+                fk = fences.fence_key(self.fence_namespace, device)
+                self.fence_devices.setdefault(fk, [device])
+                self.enqueue(fk)
+            elif not real:
+                for h in holders:
+                    self.enqueue(h)  # fences only: delete them
+
+    async def _fence_after_removal(self, key: str, allocation: Obj, at: int) -> None:
+        """Right after our own clear write: fence at once, without waiting for the informer.
+
+        The fence's allocation is written after our clear (``at``), so the scheduler sees
+        the removal first and the fence's addition last. Failures are retried by the
+        workqueue (the fence keys were enqueued). Logs one ``fence check`` line.
+        """
+        devices = fences.exclusive(allocation)
+        self._note_removal(key, devices, at)
+        outcome: dict[str, str] = {}
+        for device in devices:
+            fk = fences.fence_key(self.fence_namespace, device)
+            if device not in self.fence_marks:
+                outcome["/".join(device)] = "not needed (no other claim holds it)"
+                continue
+            try:
+                outcome["/".join(device)] = await self.reconcile_fence(fk)
+            except (KubeAPIError, httpx.HTTPError, NotLeader, RequeueAfter) as e:
+                outcome["/".join(device)] = f"failed, will retry: {e}"
+        log.info("fence check after removal", claim=key, removed_at=at, devices=outcome)
+
+    def _node_selector(self, holders: list[str]) -> Obj | None:
+        for holder in holders:
+            claim = self.claims.get(holder)
+            allocation = allocation_of(claim) if claim is not None else None
+            if allocation is None and holder in self.inflight:
+                allocation = self.inflight[holder][0]
+            if allocation is not None:
+                selector: Obj | None = allocation.get("nodeSelector")
+                return selector
+        return None
+
+    async def reconcile_fence(self, key: str) -> str:
+        """Create, allocate, re-allocate or delete the fence ``key`` (level-based).
+
+        Reads the fence from the API server (not the cache: our own writes must be seen),
+        the holders from the allocated state. Serialised by a lock, since our give-back
+        path calls it directly while a worker may handle the same key. Returns what it did.
+        """
+        namespace, name = split_key(key)
+        path = path_for(RESOURCE_V1, "resourceclaims", namespace, name)
+        async with self._fence_lock:
+            for _ in range(4):
+                fence = await self.client.get_or_none(path)
+                if fence is not None and not fences.is_fence(fence):
+                    return "not a fence"  # our prefix but not our label: not ours to touch
+                if fence is not None:
+                    holder = fences.fence_annotations(fence).get(fences.HOLDER_ANNOTATION, "")
+                    if not self._in_scope(holder):
+                        return "out of scope"  # another controller's (--allocation-namespace)
+                devices = fences.fence_devices(fence) if fence else self.fence_devices.get(key, [])
+                if not devices:
+                    return "unknown devices"
+                holders = sorted(
+                    {
+                        h
+                        for d in devices
+                        for h in fences.real_holders(d, self.state, self._is_fence_key)
+                    },
+                    key=lambda h: (not self._in_scope(h), h),
+                )
+                mark = max(self.fence_marks.get(d) for d in devices)
+                decision = fences.decide(fence, holders, mark)
+                action = decision.action
+                if action is fences.Action.NONE:
+                    if fence is not None and fences.allocated(fence):
+                        for d in devices:
+                            self.fence_marks.satisfied(d, fences.rv(fence))
+                    elif not holders:
+                        if any(d in self.fence_marks for d in devices):
+                            log.info("no fence needed: no claim holds the device now", fence=key)
+                        for d in devices:
+                            self.fence_marks.forget(d)
+                    log.debug("fence unchanged", fence=key, reason=decision.reason)
+                    return f"unchanged: {decision.reason}"
+                self._check_leader(key)
+                try:
+                    if action is fences.Action.DELETE:
+                        assert fence is not None
+                        await self.client.request(
+                            "DELETE",
+                            path,
+                            {"preconditions": {"resourceVersion": str(fences.rv(fence))}},
+                        )
+                        self.stats.fences_deleted += 1
+                        for d in devices:
+                            self.fence_marks.forget(d)
+                        log.info("fence deleted", fence=key, reason=decision.reason)
+                        return "deleted"
+                    if action is fences.Action.CREATE:
+                        fence = await self.client.create(
+                            path_for(RESOURCE_V1, "resourceclaims", self.fence_namespace),
+                            fences.new_fence(self.fence_namespace, devices, holders[0]),
+                        )
+                    elif action is fences.Action.PULSE:
+                        assert fence is not None
+                        fence = await self.client.merge_patch(
+                            path + "/status",
+                            {
+                                "metadata": {"resourceVersion": str(fences.rv(fence))},
+                                "status": {"allocation": None},
+                            },
+                        )
+                    assert fence is not None
+                    written = await self.client.merge_patch(
+                        path + "/status",
+                        {
+                            "metadata": {"resourceVersion": str(fences.rv(fence))},
+                            "status": {
+                                "allocation": fences.fence_allocation(
+                                    devices, self._node_selector(holders), params.now_rfc3339()
+                                )
+                            },
+                        },
+                    )
+                except KubeAPIError as e:
+                    if e.status in (404, 409):
+                        log.info(
+                            "fence changed meanwhile, looking again",
+                            fence=key,
+                            action=action.value,
+                            status=e.status,
+                            error=str(e)[:300],
+                        )
+                        continue  # changed meanwhile (or already exists): look again
+                    raise
+                for d in devices:
+                    self.fence_marks.satisfied(d, fences.rv(written))
+                self.stats.fences_allocated += 1
+                log.info(
+                    "fence allocated",
+                    fence=key,
+                    action=action.value,
+                    devices=["/".join(d) for d in devices],
+                    holders=holders[:5],
+                    reason=decision.reason,
+                )
+                return f"allocated ({action.value}) at {fences.rv(written)}"
+            raise RequeueAfter(1.0, f"fence {key} kept changing")
 
     async def _clear_allocation(self, key: str, claim: Obj) -> Obj | None:
         """Clear status.allocation (at the claim's resourceVersion) and forget our hold.
@@ -512,10 +788,12 @@ class ClaimReconciler:
                 2.0, f"claim {key} is still reserved by {len(consumers)} consumer(s)"
             )
         self._check_leader(key)
-        if allocation_of(claim):
+        allocation = allocation_of(claim)
+        if allocation:
             cleared = await self._clear_allocation(key, claim)
             if cleared is None:
                 return
+            await self._fence_after_removal(key, allocation, _rv(cleared))
             claim = cleared
             self._devices_freed()
             self.stats.deallocated += 1
@@ -573,5 +851,15 @@ def claims_using(claims: Informer, driver: str) -> Callable[[Obj], Iterable[str]
             ):
                 out.append(f"{namespace}/{claim['metadata']['name']}")
         return out
+
+    return mapper
+
+
+def parameters_used_by(driver: str) -> Callable[[Obj], Iterable[str]]:
+    """Maps a claim to the keys of the DeviceClaimParameters objects it references."""
+
+    def mapper(claim: Obj) -> Iterable[str]:
+        namespace = meta(claim).get("namespace")
+        return [f"{namespace}/{name}" for name in referenced_parameters(driver, claim)]
 
     return mapper

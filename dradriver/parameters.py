@@ -115,14 +115,16 @@ class DeviceClaimParametersSpec(BaseModel):
         default=None,
         ge=1,
         le=MAX_COUNT,
-        description="How many devices each request gets when the controller allocates "
+        description="How many devices each request the entry applies to gets (ExactCount). "
+        "Applies to controller (Immediate) allocation only; the scheduler does not read it "
         "(default: what the request asks for).",
     )
     selectors: list[CELExpression] = Field(
         default_factory=list,
         max_length=MAX_SELECTORS,
         description="Extra CEL device selectors (like a request's selectors[].cel.expression), "
-        "all of which must be true for a device to be chosen.",
+        "ANDed with the request's own: all must be true for a device to be chosen. Applies to "
+        "controller (Immediate) allocation only; the scheduler does not read them.",
     )
     allocation_mode: AllocationMode = Field(
         default=AllocationMode.WAIT_FOR_FIRST_CONSUMER,

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from controller.allocation import IN_USE_FINALIZER
 from controller.localcluster import (
     NAMESPACE,
     ControllerProcess,
@@ -19,6 +20,8 @@ from controller.localcluster import (
 from dradriver import parameters as params
 from dradriver.cluster.api import AdminAPI, APIError, path_for, wait_until
 from dradriver.cluster.local import LocalCluster
+from dradriver.kube.paths import RESOURCE_V1
+from tests.cluster.test_controller_allocation import DEADLINE, NODE, Rig, devices_of
 
 API_VERSION = f"dradriver.dev/{params.VERSION}"
 # A standby takes over within the lease duration (15 s) plus two retry periods.
@@ -202,8 +205,162 @@ def test_controller_is_not_ready_while_caches_cannot_sync(
             return resp.text
 
         text = wait_until("an explaining /readyz", says_why, 30)
-        assert "caches not synced: deviceclaimparameters (" in text
+        # Every cache of the missing API group is named with its error (in any order).
+        assert "caches not synced: " in text and "deviceclaimparameters (" in text
         assert "403 Forbidden" in text  # the RBAC covers only dradriver.dev
         assert proc.terminate() == 0
     finally:
         proc.stop()
+
+
+# --- the controller allocating with parameters ----------------------------------------
+
+
+@pytest.fixture
+def allocating(
+    api: AdminAPI, local_cluster: LocalCluster, namespace: str, workdir: Path
+) -> Iterator[ControllerProcess]:
+    """One controller (no leader election) allocating in the test's namespace."""
+    kubeconfig = controller_kubeconfig(api, local_cluster, workdir)
+    proc = ControllerProcess(
+        f"params-{namespace}",
+        kubeconfig,
+        workdir,
+        extra_args=["--no-leader-elect", f"--allocation-namespace={namespace}"],
+    )
+    proc.start()
+    try:
+        wait_until("controller ready", proc.ready, DEADLINE)
+        yield proc
+    finally:
+        proc.stop()
+
+
+def reference(name: str) -> list[Obj]:
+    """Claim config referencing the parameters object ``name``."""
+    ref = {"apiVersion": API_VERSION, "kind": params.REFERENCE_KIND, "name": name}
+    return [{"opaque": {"driver": "dradriver.dev", "parameters": ref}}]
+
+
+def without_in_use_finalizer(api: AdminAPI, namespace: str) -> None:
+    """Last resort after a failure: nothing may keep the namespace from being deleted."""
+    for obj in api.items(parameters_path(namespace)):
+        kept = [f for f in obj["metadata"].get("finalizers") or [] if f != IN_USE_FINALIZER]
+        if kept != (obj["metadata"].get("finalizers") or []):
+            api.request(
+                "PATCH",
+                parameters_path(namespace, obj["metadata"]["name"]),
+                json={"metadata": {"finalizers": kept or None}},
+                headers={"Content-Type": "application/merge-patch+json"},
+            )
+
+
+def parameters_events(api: AdminAPI, namespace: str, name: str, reason: str) -> list[Obj]:
+    return [
+        e
+        for e in api.items(
+            path_for("v1", "events", namespace),
+            fieldSelector=f"involvedObject.name={name},involvedObject.kind={params.KIND}",
+        )
+        if e.get("reason") == reason
+    ]
+
+
+def test_parameters_in_use_are_deleted_only_after_their_claims(
+    api: AdminAPI, crd: None, namespace: str, allocating: ControllerProcess
+) -> None:
+    spec = {"profile": "fast", "allocationMode": "Immediate"}
+    api.create(parameters_path(namespace), parameters(namespace, "p", spec))
+    api.create(parameters_path(namespace), parameters(namespace, "free", spec))
+    with Rig(api, namespace, devices=1) as rig:
+        try:
+            rig.claim("c", immediate=False, config=reference("p"))
+            wait_until("c allocated", lambda: rig.allocated("c"), DEADLINE)
+
+            def in_use() -> Obj | None:
+                obj = api.get_or_none(parameters_path(namespace, "p"))
+                finalizers = (obj or {}).get("metadata", {}).get("finalizers") or []
+                return obj if IN_USE_FINALIZER in finalizers else None
+
+            wait_until("p in use", in_use, DEADLINE)
+            # Parameters no allocated claim references get no finalizer: deleted at once.
+            wait_until("free checked", lambda: valid(api, namespace, "free"), DEADLINE)
+            free = api.get(parameters_path(namespace, "free"))
+            assert IN_USE_FINALIZER not in (free["metadata"].get("finalizers") or [])
+            api.delete(parameters_path(namespace, "free"))
+            assert api.get_or_none(parameters_path(namespace, "free")) is None
+
+            # Deleting p waits for its claim, and an event says which claim.
+            api.delete(parameters_path(namespace, "p"))
+            [event, *_] = wait_until(
+                "InUse event",
+                lambda: parameters_events(api, namespace, "p", "InUse"),
+                DEADLINE,
+            )
+            assert event["message"] == "deletion waits: in use by claim c", event
+            assert event["type"] == "Warning"
+            assert event["involvedObject"]["apiVersion"] == API_VERSION
+            # Seen after the controller looked at the deletion: still there, still held.
+            held = api.get(parameters_path(namespace, "p"))
+            assert held["metadata"].get("deletionTimestamp")
+            assert IN_USE_FINALIZER in held["metadata"]["finalizers"]
+            # The allocation was pinned, so the claim keeps its configuration.
+            claim = rig.allocated("c")
+            assert claim is not None
+            config = claim["status"]["allocation"]["devices"]["config"]
+            assert config[0]["opaque"]["parameters"]["profile"] == "fast"
+
+            # The claim goes (deallocated by the controller): then the parameters go.
+            api.delete(path_for(RESOURCE_V1, "resourceclaims", namespace, "c"))
+            wait_until(
+                "p deleted",
+                lambda: api.get_or_none(parameters_path(namespace, "p")) is None,
+                DEADLINE,
+            )
+            assert rig.get_claim("c") is None
+        finally:
+            rig.delete_all()
+            without_in_use_finalizer(api, namespace)
+
+
+def test_parameters_count_and_selectors_choose_the_devices(
+    api: AdminAPI, crd: None, namespace: str, allocating: ControllerProcess
+) -> None:
+    with Rig(api, namespace, devices=4) as rig:
+        # Give the rig's devices an index attribute the selector can pick by.
+        path = path_for(RESOURCE_V1, "resourceslices", name=rig.slice)
+        published = api.get(path)
+        for i, device in enumerate(published["spec"]["devices"]):
+            device["attributes"] = {"index": {"int": i}}
+        api.request("PUT", path, json=published)
+        spec = {
+            "count": 2,
+            "selectors": [f"device.attributes['{rig.driver}'].index in [1, 3]"],
+            "allocationMode": "Immediate",
+        }
+        api.create(parameters_path(namespace), parameters(namespace, "two", spec))
+        try:
+            # The request asks for one device of the class; the parameters say: two, 1 and 3.
+            created = rig.claim("c", immediate=False, config=reference("two"))
+            claim = wait_until("c allocated", lambda: rig.allocated("c"), DEADLINE)
+            assert sorted(devices_of(claim)) == [f"{NODE}/dev-1", f"{NODE}/dev-3"]
+            results = claim["status"]["allocation"]["devices"]["results"]
+            assert {r["request"] for r in results} == {"r"}
+            # The claim object itself is unchanged: the parameters apply at allocation only.
+            assert claim["spec"] == created["spec"]
+            # Claim gone: the controller lets go of the parameters (before it is stopped).
+            rig.delete_all()
+            wait_until(
+                "two no longer in use",
+                lambda: (
+                    IN_USE_FINALIZER
+                    not in (
+                        api.get(parameters_path(namespace, "two"))["metadata"].get("finalizers")
+                        or []
+                    )
+                ),
+                DEADLINE,
+            )
+        finally:
+            rig.delete_all()
+            without_in_use_finalizer(api, namespace)

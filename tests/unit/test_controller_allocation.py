@@ -1,21 +1,30 @@
-"""Pure parts of controller allocation: immediacy, config pinning, conflict detection."""
+"""Pure parts of controller allocation: immediacy, effective requests, config pinning,
+conflict detection, parameters in use."""
 
 from __future__ import annotations
 
-from typing import Any
+import asyncio
+from collections.abc import Callable
+from typing import Any, cast
 
 import pytest
 
 from controller.allocation import (
     ALLOCATION_ANNOTATION,
     FINALIZER,
+    IN_USE_FINALIZER,
     allocation_request,
+    claims_keeping,
     conflicts,
+    effective_claim,
     exclusive_devices,
+    in_use_message,
     pin_config,
+    referenced_parameters,
     should_yield,
     with_timestamp,
 )
+from controller.reconcilers import NotLeader, ParametersReconciler, parameters_used_by
 from dradriver import parameters as params
 from dradriver.allocator import AllocatedState, Allocator, Inventory
 from dradriver.opaqueconfig import effective_configs
@@ -232,3 +241,258 @@ def test_allocator_output_gets_a_timestamp_and_pinned_config() -> None:
         }
     ]
     assert "nodeSelector" not in result  # allNodes: usable everywhere
+
+
+# --- count and selectors of the parameters ----------------------------------------------
+
+
+def pool(devices: int, driver: str = "d") -> list[Obj]:
+    return [
+        {
+            "metadata": {"name": "s"},
+            "spec": {
+                "driver": driver,
+                "pool": {"name": "p", "generation": 1, "resourceSliceCount": 1},
+                "allNodes": True,
+                "devices": [
+                    {"name": f"dev-{i}", "attributes": {"index": {"int": i}}}
+                    for i in range(devices)
+                ],
+            },
+        }
+    ]
+
+
+def test_effective_claim_applies_count_and_selectors_without_touching_the_claim() -> None:
+    c = claim(config=[opaque(reference("p"))])
+    c["spec"]["devices"]["requests"][0]["exactly"]["selectors"] = [
+        {"cel": {"expression": "device.driver == 'd'"}}
+    ]
+    before = repr(c)
+    spec = {"count": 2, "selectors": ["device.attributes['d'].index >= 2", "true"]}
+    request = allocation_request(DRIVER, c, lookup_from(stored("p", spec)))
+    effective = effective_claim(c, request)
+    assert repr(c) == before  # the claim itself is unchanged
+    assert effective["spec"]["devices"]["requests"][0]["exactly"] == {
+        "deviceClassName": "cls",
+        "allocationMode": "ExactCount",
+        "count": 2,
+        "selectors": [
+            {"cel": {"expression": "device.driver == 'd'"}},
+            {"cel": {"expression": "device.attributes['d'].index >= 2"}},
+            {"cel": {"expression": "true"}},
+        ],
+    }
+    # The allocator honours them: exactly the two devices the selectors leave.
+    outcome = Allocator(Inventory(pool(4), [{"metadata": {"name": "cls"}, "spec": {}}])).allocate(
+        [effective], AllocatedState()
+    )
+    assert outcome.ok and outcome.allocations
+    results = outcome.allocations[0]["devices"]["results"]
+    assert sorted(r["device"] for r in results) == ["dev-2", "dev-3"]
+    # Config entries are copied as they are, so pinning still finds them.
+    pinned = pin_config(DRIVER, outcome.allocations[0]["devices"]["config"], request)
+    assert pinned[0]["opaque"]["parameters"]["kind"] == "DeviceConfig"
+
+
+def test_effective_claim_count_overrides_all_mode_and_without_parameters_is_a_copy() -> None:
+    c = claim(config=[opaque(inline({"count": 3}))])
+    c["spec"]["devices"]["requests"][0]["exactly"]["allocationMode"] = "All"
+    request = allocation_request(DRIVER, c, lookup_from())
+    exact = effective_claim(c, request)["spec"]["devices"]["requests"][0]["exactly"]
+    assert exact["allocationMode"] == "ExactCount" and exact["count"] == 3
+    assert "selectors" not in exact
+    plain = claim(config=[opaque(inline({"profile": "x"}))])
+    same = effective_claim(plain, allocation_request(DRIVER, plain, lookup_from()))
+    assert same == plain and same is not plain
+
+
+def test_effective_claim_respects_the_requests_an_entry_names() -> None:
+    c = claim(
+        config=[
+            opaque(inline({"count": 2}), requests=["a"]),
+            opaque(inline({"selectors": ["s-b1"]}), requests=["b/one"]),
+            opaque(inline({"selectors": ["s-all"]})),
+            opaque(inline({"count": 4}), requests=["a"]),  # later entry wins
+        ]
+    )
+    c["spec"]["devices"]["requests"] = [
+        {"name": "a", "exactly": {"deviceClassName": "cls"}},
+        {
+            "name": "b",
+            "firstAvailable": [
+                {"name": "one", "deviceClassName": "cls"},
+                {"name": "two", "deviceClassName": "cls", "count": 1},
+            ],
+        },
+    ]
+    request = allocation_request(DRIVER, c, lookup_from())
+    a, b = effective_claim(c, request)["spec"]["devices"]["requests"]
+    assert a["exactly"] == {
+        "deviceClassName": "cls",
+        "allocationMode": "ExactCount",
+        "count": 4,
+        "selectors": [{"cel": {"expression": "s-all"}}],
+    }
+    one, two = b["firstAvailable"]
+    assert one["selectors"] == [{"cel": {"expression": "s-b1"}}, {"cel": {"expression": "s-all"}}]
+    assert two == {
+        "name": "two",
+        "deviceClassName": "cls",
+        "count": 1,
+        "selectors": [{"cel": {"expression": "s-all"}}],
+    }
+    # A config entry naming the main request covers all of its subrequests.
+    c["spec"]["devices"]["config"] = [opaque(inline({"count": 2}), requests=["b"])]
+    request = allocation_request(DRIVER, c, lookup_from())
+    a, b = effective_claim(c, request)["spec"]["devices"]["requests"]
+    assert "count" not in a["exactly"]
+    assert [s["count"] for s in b["firstAvailable"]] == [2, 2]
+
+
+# --- parameters in use ------------------------------------------------------------------
+
+
+def allocated(name: str, config: list[Obj], namespace: str = "ns") -> Obj:
+    c = claim(name, config=config, allocation=allocation("dev-0"))
+    c["metadata"]["namespace"] = namespace
+    return c
+
+
+def test_referenced_parameters_and_the_claims_keeping_them() -> None:
+    c = claim(config=[opaque(reference("p")), opaque(reference("q")), opaque(reference("p"))])
+    assert referenced_parameters(DRIVER, c) == ["p", "q"]
+    assert referenced_parameters(DRIVER, claim(config=[opaque(inline({}))])) == []
+    assert referenced_parameters("other.dev", c) == []
+    broken = claim(config=[opaque({"kind": "Nope"})])
+    assert referenced_parameters(DRIVER, broken) == []
+    claims = [
+        allocated("b", [opaque(reference("p"))]),
+        allocated("a", [opaque(reference("p")), opaque(reference("q"))]),
+        claim("pending", config=[opaque(reference("p"))]),  # not allocated: not in use
+        allocated("elsewhere", [opaque(reference("p"))], namespace="other"),
+        allocated("foreign", [opaque(reference("p"), driver="other.dev")]),
+    ]
+    assert claims_keeping(DRIVER, claims, "ns", "p") == ["a", "b"]
+    assert claims_keeping(DRIVER, claims, "ns", "q") == ["a"]
+    assert claims_keeping(DRIVER, claims, "ns", "r") == []
+    assert parameters_used_by(DRIVER)(claims[1]) == ["ns/p", "ns/q"]
+    assert list(parameters_used_by(DRIVER)(claims[2])) == ["ns/p"]
+
+
+def test_in_use_message() -> None:
+    assert in_use_message(["a"]) == "in use by claim a"
+    assert in_use_message(["a", "b"]) == "in use by claims a, b"
+    names = [f"c{i}" for i in range(12)]
+    assert in_use_message(names, limit=3) == "in use by claims c0, c1, c2 and 9 more"
+
+
+class FakeInformer:
+    def __init__(self, *objs: Obj) -> None:
+        self.cache = {f"{o['metadata']['namespace']}/{o['metadata']['name']}": o for o in objs}
+
+    def get(self, key: str) -> Obj | None:
+        return self.cache.get(key)
+
+    def items(self) -> list[Obj]:
+        return list(self.cache.values())
+
+    def add_handler(self, **handlers: Callable[..., None] | None) -> None:
+        pass
+
+
+class FakeClient:
+    def __init__(self, params_informer: FakeInformer) -> None:
+        self.params = params_informer
+        self.patches: list[tuple[str, Obj]] = []
+        self.events: list[Obj] = []
+
+    async def merge_patch(self, path: str, body: Obj) -> Obj:
+        self.patches.append((path, body))
+        assert not path.endswith("/status"), "no status write expected"
+        obj = self.params.cache[f"ns/{path.split('/')[-1]}"]
+        if "finalizers" in body.get("metadata", {}):
+            obj["metadata"]["finalizers"] = body["metadata"]["finalizers"]
+        obj["metadata"]["resourceVersion"] = str(int(obj["metadata"]["resourceVersion"]) + 1)
+        return obj
+
+    async def create(self, path: str, body: Obj) -> Obj:
+        self.events.append(body)
+        return body
+
+
+def params_object(name: str, **metadata: Any) -> Obj:
+    """A stored object whose Valid condition is up to date (no status write expected)."""
+    obj = stored(name, {"profile": "x"})
+    obj["metadata"].update(
+        {"uid": f"uid-{name}", "resourceVersion": "1", "generation": 1, **metadata}
+    )
+    valid, _ = params.set_condition(
+        [], params.VALID_CONDITION, "True", "Valid", "the spec is valid", 1
+    )
+    obj["status"] = {"conditions": valid}
+    return obj
+
+
+def run_reconciler(
+    objs: list[Obj], claims: list[Obj], key: str, leader: bool = True
+) -> tuple[FakeClient, FakeInformer]:
+    informer = FakeInformer(*objs)
+    client = FakeClient(informer)
+    reconciler = ParametersReconciler(
+        cast(Any, client),
+        DRIVER,
+        cast(Any, informer),
+        lambda: leader,
+        claims=cast(Any, FakeInformer(*claims)),
+    )
+    asyncio.run(reconciler(key))
+    return client, informer
+
+
+def test_parameters_reconciler_adds_and_removes_the_in_use_finalizer() -> None:
+    users = [allocated("a", [opaque(reference("p"))]), allocated("b", [opaque(reference("p"))])]
+    client, informer = run_reconciler([params_object("p", finalizers=["x/keep"])], users, "ns/p")
+    assert client.patches == [
+        (
+            f"/apis/{API}/namespaces/ns/{params.PLURAL}/p",
+            {"metadata": {"resourceVersion": "1", "finalizers": ["x/keep", IN_USE_FINALIZER]}},
+        )
+    ]
+    assert client.events == []  # not being deleted: nothing to say
+    # Already there: nothing to write.
+    client, _ = run_reconciler([informer.cache["ns/p"]], users, "ns/p")
+    assert client.patches == []
+    # No allocated claim left: removed, other finalizers kept.
+    client, informer = run_reconciler([informer.cache["ns/p"]], [], "ns/p")
+    assert [body["metadata"]["finalizers"] for _, body in client.patches] == [["x/keep"]]
+
+
+def test_parameters_reconciler_explains_a_blocked_deletion_once() -> None:
+    users = [allocated("b", [opaque(reference("p"))]), allocated("a", [opaque(reference("p"))])]
+    deleting = params_object(
+        "p", finalizers=[IN_USE_FINALIZER], deletionTimestamp="2026-01-01T00:00:00Z"
+    )
+    informer = FakeInformer(deleting)
+    client = FakeClient(informer)
+    reconciler = ParametersReconciler(
+        cast(Any, client), DRIVER, cast(Any, informer), claims=cast(Any, FakeInformer(*users))
+    )
+    asyncio.run(reconciler("ns/p"))
+    asyncio.run(reconciler("ns/p"))
+    assert client.patches == []
+    [event] = client.events
+    assert event["reason"] == "InUse" and event["type"] == "Warning"
+    assert event["message"] == "deletion waits: in use by claims a, b"
+    assert event["involvedObject"]["kind"] == params.KIND
+    assert event["involvedObject"]["apiVersion"] == API
+    assert event["involvedObject"]["namespace"] == "ns"
+
+
+def test_parameters_reconciler_adds_no_finalizer_while_deleting_nor_writes_as_standby() -> None:
+    users = [allocated("a", [opaque(reference("p"))])]
+    deleting = params_object("p", deletionTimestamp="2026-01-01T00:00:00Z")
+    client, _ = run_reconciler([deleting], users, "ns/p")
+    assert client.patches == [] and client.events == []
+    with pytest.raises(NotLeader):
+        run_reconciler([params_object("p")], users, "ns/p", leader=False)

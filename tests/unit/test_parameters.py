@@ -52,6 +52,13 @@ def test_check_fails_on_drift(tmp_path: Any, capsys: pytest.CaptureFixture[str])
     assert p.main(["--check", "--file", str(stale)]) == 0
 
 
+def test_count_and_selectors_say_they_apply_to_controller_allocation_only() -> None:
+    spec = yaml.safe_load(p.crd_yaml())["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    fields = spec["properties"]["spec"]["properties"]
+    for name in ("count", "selectors"):
+        assert "controller (Immediate) allocation only" in fields[name]["description"], name
+
+
 def test_crd_shape() -> None:
     crd = yaml.safe_load(p.crd_yaml())
     spec = crd["spec"]

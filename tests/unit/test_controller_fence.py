@@ -1,0 +1,471 @@
+"""Fence claims: the pure rules of controller/fence.py, and the ClaimReconciler's fence
+writes against an in-memory API server (resourceVersions ordered like etcd's)."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import json
+from collections.abc import Callable
+from typing import Any, cast
+
+import pytest
+
+from controller import fence
+from controller.allocation import FINALIZER
+from controller.reconcilers import ClaimReconciler
+from dradriver.allocator import AllocatedState, DeviceID
+from dradriver.controllerruntime import RequeueAfter
+from dradriver.kube.client import KubeAPIError
+
+Obj = dict[str, Any]
+D: DeviceID = ("gpu.example.com", "node-1", "dev-0")
+E: DeviceID = ("gpu.example.com", "node-1", "dev-1")
+FNS = "dradriver"
+SELECTOR = {
+    "nodeSelectorTerms": [
+        {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["node-1"]}]}
+    ]
+}
+
+
+def allocation(*devices: DeviceID, **extra: Any) -> Obj:
+    results = [{"request": "r", "driver": d[0], "pool": d[1], "device": d[2]} for d in devices]
+    return {"devices": {"results": results}, "nodeSelector": SELECTOR, **extra}
+
+
+def claim(name: str, *devices: DeviceID, ours: bool = False, rv: int = 1) -> Obj:
+    meta: Obj = {"name": name, "namespace": "ns", "resourceVersion": str(rv)}
+    if ours:
+        meta["finalizers"] = [FINALIZER]
+    status = {"allocation": allocation(*devices)} if devices else {}
+    return {"metadata": meta, "spec": {}, "status": status}
+
+
+def is_fence_key(key: str) -> bool:
+    return fence.is_fence_key(FNS, key)
+
+
+# --- pure parts --------------------------------------------------------------------------
+
+
+def test_fence_names_are_stable_per_device_and_valid() -> None:
+    name = fence.fence_name(D)
+    assert name == fence.fence_name(D) != fence.fence_name(E)
+    assert name.startswith("dradriver-fence-") and len(name) <= 63
+    assert fence.fence_key(FNS, D) == f"{FNS}/{name}"
+    assert fence.is_fence_key(FNS, fence.fence_key(FNS, D))
+    assert not fence.is_fence_key("other", f"other/{name}".replace("other/", "x/"))
+    assert not fence.is_fence_key(FNS, f"{FNS}/my-claim")
+
+
+def test_new_fence_and_its_allocation() -> None:
+    body = fence.new_fence(FNS, [D], "ns/b")
+    meta = body["metadata"]
+    assert meta["name"] == fence.fence_name(D) and meta["namespace"] == FNS
+    assert meta["labels"] == {fence.FENCE_LABEL: "true"}
+    assert meta["annotations"][fence.HOLDER_ANNOTATION] == "ns/b"
+    assert json.loads(meta["annotations"][fence.DEVICES_ANNOTATION]) == [list(D)]
+    assert body["spec"]["devices"]["requests"] == [
+        {
+            "name": "fence",
+            "exactly": {
+                "deviceClassName": fence.DEVICE_CLASS,
+                "allocationMode": "ExactCount",
+                "count": 1,
+            },
+        }
+    ]
+    assert fence.is_fence(body) and fence.fence_devices(body) == [D]
+    two = fence.new_fence(FNS, [E, D, D], "ns/b")
+    assert two["spec"]["devices"]["requests"][0]["exactly"]["count"] == 2
+    assert two["metadata"]["name"] not in (fence.fence_name(D), fence.fence_name(E))
+    with pytest.raises(ValueError):
+        fence.new_fence(FNS, [], "ns/b")
+
+    result = fence.fence_allocation([D], SELECTOR, "2026-01-01T00:00:00Z")
+    assert result == {
+        "devices": {
+            "results": [{"request": "fence", "driver": D[0], "pool": D[1], "device": D[2]}]
+        },
+        "nodeSelector": SELECTOR,
+        "allocationTimestamp": "2026-01-01T00:00:00Z",
+    }
+    assert "nodeSelector" not in fence.fence_allocation([D], None, "t")
+
+
+def test_fence_devices_fall_back_to_the_allocation() -> None:
+    body = fence.new_fence(FNS, [D], "ns/b")
+    del body["metadata"]["annotations"][fence.DEVICES_ANNOTATION]
+    assert fence.fence_devices(body) == []
+    body["status"] = {"allocation": fence.fence_allocation([D], None, "t")}
+    assert fence.fence_devices(body) == [D]
+    body["metadata"]["annotations"][fence.DEVICES_ANNOTATION] = "not json"
+    assert fence.fence_devices(body) == [D]
+    assert not fence.is_fence(claim("c")) and not fence.is_fence(None)
+
+
+def test_only_exclusive_devices_count() -> None:
+    shared = allocation(D)
+    shared["devices"]["results"].append(
+        {"request": "r", "driver": E[0], "pool": E[1], "device": E[2], "shareID": "s"}
+    )
+    shared["devices"]["results"].append(
+        {"request": "r", "driver": "x", "pool": "p", "device": "d", "adminAccess": True}
+    )
+    assert fence.exclusive(shared) == [D]
+    assert fence.exclusive(None) == []
+
+
+def test_removed_devices_is_set_to_nil_or_deletion() -> None:
+    allocated, empty = claim("c", D), claim("c")
+    assert fence.removed_devices(allocated, empty) == [D]
+    assert fence.removed_devices(allocated, None) == [D]  # deleted
+    assert fence.removed_devices(None, allocated) == []  # added
+    assert fence.removed_devices(empty, allocated) == []
+    assert fence.removed_devices(allocated, allocated) == []
+    assert fence.removed_devices(empty, None) == []
+
+
+def test_real_holders_leave_fences_out() -> None:
+    state = AllocatedState()
+    state.add("ns/b", allocation(D))
+    state.add(fence.fence_key(FNS, D), allocation(D))
+    assert fence.real_holders(D, state, is_fence_key) == ["ns/b"]
+    assert fence.real_holders(E, state, is_fence_key) == []
+
+
+def stored_fence(rv: int, allocated: bool = True, deleting: bool = False) -> Obj:
+    body = fence.new_fence(FNS, [D], "ns/b")
+    body["metadata"]["resourceVersion"] = str(rv)
+    if deleting:
+        body["metadata"]["deletionTimestamp"] = "now"
+    if allocated:
+        body["status"] = {"allocation": fence.fence_allocation([D], None, "t")}
+    return body
+
+
+@pytest.mark.parametrize(
+    ("fence_obj", "holders", "mark", "action"),
+    [
+        (None, [], 0, fence.Action.NONE),
+        (None, [], 7, fence.Action.NONE),  # nobody holds it: the scheduler forgetting is right
+        (None, ["ns/b"], 0, fence.Action.NONE),  # no removal seen: the set is right
+        (None, ["ns/b"], 7, fence.Action.CREATE),
+        (stored_fence(5), [], 0, fence.Action.DELETE),
+        (stored_fence(5), [], 9, fence.Action.DELETE),
+        (stored_fence(5, allocated=False), [], 0, fence.Action.DELETE),
+        (stored_fence(5, allocated=False), ["ns/b"], 0, fence.Action.ALLOCATE),
+        (stored_fence(5), ["ns/c"], 0, fence.Action.NONE),  # another claim took it: kept
+        (stored_fence(9), ["ns/b"], 7, fence.Action.NONE),  # allocated after the removal
+        (stored_fence(5), ["ns/b"], 7, fence.Action.PULSE),  # allocated before it
+        (stored_fence(5, deleting=True), ["ns/b"], 7, fence.Action.NONE),
+    ],
+)
+def test_decide(fence_obj: Obj | None, holders: list[str], mark: int, action: fence.Action) -> None:
+    assert fence.decide(fence_obj, holders, mark).action is action
+
+
+def test_marks() -> None:
+    marks = fence.Marks()
+    assert marks.get(D) == 0 and D not in marks
+    marks.mark(D, 10)
+    marks.mark(D, 4)
+    assert marks.get(D) == 10 and len(marks) == 1
+    marks.satisfied(D, 9)
+    assert D in marks
+    marks.satisfied(D, 11)
+    assert D not in marks
+    marks.mark(D, 3)
+    marks.forget(D)
+    assert D not in marks
+
+
+# --- the reconciler's fence writes ---------------------------------------------------------
+
+
+class FakeInformer:
+    """A cache with handlers: ``apply``/``remove`` play the watch events."""
+
+    def __init__(self) -> None:
+        self.cache: dict[str, Obj] = {}
+        self.handlers: list[dict[str, Callable[..., None] | None]] = []
+
+    def add_handler(self, **handlers: Callable[..., None] | None) -> None:
+        self.handlers.append(handlers)
+
+    def get(self, key: str) -> Obj | None:
+        return self.cache.get(key)
+
+    def get_by_name(self, namespace: str, name: str) -> Obj | None:
+        return self.cache.get(f"{namespace}/{name}")
+
+    def items(self) -> list[Obj]:
+        return list(self.cache.values())
+
+    def apply(self, obj: Obj) -> None:
+        obj = copy.deepcopy(obj)
+        key = f"{obj['metadata']['namespace']}/{obj['metadata']['name']}"
+        old = self.cache.get(key)
+        self.cache[key] = obj
+        for h in self.handlers:
+            if old is None and h.get("on_add"):
+                cast(Callable[[Obj], None], h["on_add"])(obj)
+            elif old is not None and h.get("on_update"):
+                cast(Callable[[Obj, Obj], None], h["on_update"])(old, obj)
+
+    def remove(self, obj: Obj, rv: int) -> None:
+        key = f"{obj['metadata']['namespace']}/{obj['metadata']['name']}"
+        gone = copy.deepcopy(self.cache.pop(key))
+        gone["metadata"]["resourceVersion"] = str(rv)
+        for h in self.handlers:
+            if h.get("on_delete"):
+                cast(Callable[[Obj], None], h["on_delete"])(gone)
+
+
+class FakeAPI:
+    """resourceclaims (and events) with one global resourceVersion, like etcd's revision."""
+
+    def __init__(self) -> None:
+        self.objs: dict[str, Obj] = {}
+        self.rv = 0
+        self.writes: list[tuple[str, str, int]] = []  # (what, key, rv)
+
+    def _key(self, path: str) -> str:
+        parts = path.strip("/").split("/")
+        i = parts.index("namespaces")
+        return f"{parts[i + 1]}/{parts[i + 3]}"
+
+    def _bump(self, obj: Obj) -> int:
+        self.rv += 1
+        obj["metadata"]["resourceVersion"] = str(self.rv)
+        return self.rv
+
+    def put(self, obj: Obj) -> Obj:
+        obj = copy.deepcopy(obj)
+        self._bump(obj)
+        self.objs[f"{obj['metadata']['namespace']}/{obj['metadata']['name']}"] = obj
+        return copy.deepcopy(obj)
+
+    def drop(self, key: str) -> int:
+        del self.objs[key]
+        self.rv += 1
+        return self.rv
+
+    async def get_or_none(self, path: str) -> Obj | None:
+        obj = self.objs.get(self._key(path))
+        return copy.deepcopy(obj) if obj is not None else None
+
+    async def create(self, path: str, body: Obj) -> Obj:
+        if path.endswith("/events"):
+            return body
+        obj = copy.deepcopy(body)
+        key = f"{obj['metadata']['namespace']}/{obj['metadata']['name']}"
+        if key in self.objs:
+            raise KubeAPIError("POST", path, 409, {"reason": "AlreadyExists"})
+        self.writes.append(("create", key, self._bump(obj)))
+        self.objs[key] = obj
+        return copy.deepcopy(obj)
+
+    async def merge_patch(self, path: str, body: Obj) -> Obj:
+        key = self._key(path)
+        obj = self.objs.get(key)
+        if obj is None:
+            raise KubeAPIError("PATCH", path, 404, {})
+        want = (body.get("metadata") or {}).get("resourceVersion")
+        if want is not None and str(want) != obj["metadata"]["resourceVersion"]:
+            raise KubeAPIError("PATCH", path, 409, {})
+        if "status" in body:
+            allocation = body["status"].get("allocation")
+            status = obj.setdefault("status", {})
+            if allocation is None:
+                status.pop("allocation", None)
+            else:
+                status["allocation"] = copy.deepcopy(allocation)
+            what = "allocate" if allocation else "clear"
+        else:
+            obj["metadata"].update(
+                {k: v for k, v in body["metadata"].items() if k != "resourceVersion"}
+            )
+            what = "patch"
+        self.writes.append((what, key, self._bump(obj)))
+        return copy.deepcopy(obj)
+
+    async def request(self, method: str, path: str, body: Obj | None = None) -> Obj:
+        assert method == "DELETE"
+        key = self._key(path)
+        obj = self.objs.get(key)
+        if obj is None:
+            raise KubeAPIError(method, path, 404, {})
+        want = ((body or {}).get("preconditions") or {}).get("resourceVersion")
+        if want is not None and str(want) != obj["metadata"]["resourceVersion"]:
+            raise KubeAPIError(method, path, 409, {})
+        self.writes.append(("delete", key, self.drop(key)))
+        return {}
+
+
+class Rig:
+    def __init__(self) -> None:
+        self.api = FakeAPI()
+        self.claims = FakeInformer()
+        other = FakeInformer()
+        self.enqueued: list[str] = []
+        self.rec = ClaimReconciler(
+            cast(Any, self.api),
+            "dradriver.dev",
+            cast(Any, self.claims),
+            cast(Any, other),
+            cast(Any, FakeInformer()),
+            cast(Any, FakeInformer()),
+            cast(Any, other),
+            fence_namespace=FNS,
+        )
+        self.rec.enqueue = self.enqueued.append
+
+    def store(self, obj: Obj) -> Obj:
+        """Written to the API server and seen by the informer."""
+        written = self.api.put(obj)
+        self.claims.apply(written)
+        return written
+
+    def sync(self, key: str) -> None:
+        """The informer catches up with the API server for ``key``."""
+        obj = self.api.objs.get(key)
+        if obj is not None:
+            self.claims.apply(obj)
+        elif key in self.claims.cache:
+            self.claims.remove(self.claims.cache[key], self.api.rv)
+
+    def fence(self) -> Obj | None:
+        return self.api.objs.get(fence.fence_key(FNS, D))
+
+
+def test_give_back_writes_the_fence_after_the_clear_and_it_goes_with_the_holder() -> None:
+    rig = Rig()
+    ours = rig.store(claim("a", D, ours=True))
+    rig.store(claim("b", D))  # the scheduler's claim took D too
+    assert "ns/a" in rig.enqueued  # the conflict re-enqueues our claim
+
+    with pytest.raises(RequeueAfter):
+        asyncio.run(rig.rec._check_conflicts("ns/a", ours, ours["status"]["allocation"]))
+    writes = [(what, key) for what, key, _ in rig.api.writes]
+    fk = fence.fence_key(FNS, D)
+    assert writes == [("clear", "ns/a"), ("create", fk), ("allocate", fk)]
+    cleared_at = rig.api.writes[0][2]
+    fence_obj = rig.fence()
+    assert fence_obj is not None and fence.rv(fence_obj) > cleared_at  # added after removed
+    assert fence_obj["status"]["allocation"]["nodeSelector"] == SELECTOR
+    assert fence_obj["metadata"]["annotations"][fence.HOLDER_ANNOTATION] == "ns/b"
+    assert rig.rec.stats.yielded == 1 and rig.rec.stats.fences_allocated == 1
+
+    # The informer catches up: nothing more to do, and the fence is no conflict for us.
+    rig.sync("ns/a")
+    rig.sync(fk)
+    before = len(rig.api.writes)
+    asyncio.run(rig.rec(fk))
+    assert len(rig.api.writes) == before
+    assert fence.real_holders(D, rig.rec.state, rig.rec._is_fence_key) == ["ns/b"]
+    assert set(rig.rec.state.holders(D)) == {"ns/b", fk}  # the allocator counts it as taken
+
+    # The holder goes: the fence is enqueued and deleted.
+    rig.enqueued.clear()
+    rig.api.drop("ns/b")
+    rig.sync("ns/b")
+    assert fk in rig.enqueued
+    asyncio.run(rig.rec(fk))
+    assert rig.fence() is None and rig.rec.stats.fences_deleted == 1
+    rig.sync(fk)
+    assert rig.rec.state.holders(D) == []
+
+
+def test_fence_is_kept_while_another_claim_holds_the_device() -> None:
+    rig = Rig()
+    rig.store(claim("b", D))
+    rig.store(stored_fence(0))
+    fk = fence.fence_key(FNS, D)
+    rig.api.drop("ns/b")
+    rig.sync("ns/b")
+    rig.store(claim("c", D))  # took D before the fence was reconciled
+    asyncio.run(rig.rec(fk))
+    assert rig.fence() is not None and rig.rec.stats.fences_deleted == 0
+
+
+def test_our_claim_with_only_a_fence_on_its_device_keeps_it() -> None:
+    rig = Rig()
+    rig.store(stored_fence(0))
+    rig.store(claim("a", D, ours=True))
+    before = len(rig.api.writes)
+    asyncio.run(rig.rec._check_conflicts("ns/a", rig.claims.cache["ns/a"], allocation(D)))
+    assert len(rig.api.writes) == before and rig.rec.stats.yielded == 0
+
+
+def test_a_removal_after_the_fence_pulses_it() -> None:
+    """Two real holders left after an older fence: one goes, so the fence is re-added."""
+    rig = Rig()
+    fenced = rig.store(stored_fence(0))
+    rig.store(claim("b", D))
+    rig.store(claim("c", D))
+    rig.api.drop("ns/c")
+    rig.sync("ns/c")  # removal at a resourceVersion after the fence's allocation
+    fk = fence.fence_key(FNS, D)
+    assert fk in rig.enqueued
+    asyncio.run(rig.rec(fk))
+    assert [w[0] for w in rig.api.writes[-2:]] == ["clear", "allocate"]
+    now = rig.fence()
+    assert now is not None and fence.rv(now) > fence.rv(fenced)
+    rig.sync(fk)
+    before = len(rig.api.writes)
+    asyncio.run(rig.rec(fk))  # level-based: done
+    assert len(rig.api.writes) == before
+
+
+def test_a_deleted_fence_comes_back_while_the_device_is_held() -> None:
+    rig = Rig()
+    rig.store(claim("b", D))
+    rig.store(stored_fence(0))
+    fk = fence.fence_key(FNS, D)
+    rig.api.drop(fk)  # e.g. our own delete racing with a new holder, or kubectl
+    rig.sync(fk)
+    assert fk in rig.enqueued
+    asyncio.run(rig.rec(fk))
+    recreated = rig.fence()
+    assert recreated is not None and fence.allocated(recreated)
+
+
+def test_restart_finds_a_stale_fence_and_deletes_it() -> None:
+    rig = Rig()
+    rig.store(stored_fence(0))  # no claim holds D any more
+    asyncio.run(rig.rec(fence.fence_key(FNS, D)))
+    assert rig.fence() is None
+
+
+def test_restart_allocates_a_pending_fence_while_the_device_is_held() -> None:
+    rig = Rig()
+    rig.store(claim("b", D))
+    rig.store(stored_fence(0, allocated=False))  # created, then the controller died
+    asyncio.run(rig.rec(fence.fence_key(FNS, D)))
+    fenced = rig.fence()
+    assert fenced is not None and fence.allocated(fenced)
+
+
+def test_a_claim_named_like_a_fence_but_unlabelled_is_left_alone() -> None:
+    rig = Rig()
+    impostor = claim("x")
+    impostor["metadata"].update({"namespace": FNS, "name": fence.fence_name(D)})
+    rig.store(impostor)
+    before = len(rig.api.writes)
+    asyncio.run(rig.rec(fence.fence_key(FNS, D)))
+    assert len(rig.api.writes) == before
+
+
+def test_out_of_scope_holders_are_left_to_their_controller() -> None:
+    """With --allocation-namespace, only fences guarding claims there are managed."""
+    rig = Rig()
+    rig.rec.namespaces = frozenset({"elsewhere"})
+    ours = rig.store(claim("a", D, ours=True))
+    rig.store(claim("b", D))
+    before = len(rig.api.writes)
+    with pytest.raises(RequeueAfter):
+        asyncio.run(rig.rec._check_conflicts("ns/a", ours, ours["status"]["allocation"]))
+    assert [w[0] for w in rig.api.writes[before:]] == ["clear"]  # no fence for ns/b
+    assert rig.fence() is None
