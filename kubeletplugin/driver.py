@@ -14,6 +14,8 @@ import json
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from dradriver import networkpool as net
+from dradriver import pinnedparameters as pins
 from dradriver.cdi import CDIDevice, CDIRegistry
 from dradriver.claimlock import ClaimLocks
 from dradriver.containeredits import ContainerEdits
@@ -61,6 +63,7 @@ class PlannedDevice:
     share_id: str | None
     admin_access: bool
     config: EffectiveConfig
+    network: net.PinnedAttachment | None = None  # set for network-attached devices
 
     @property
     def cdi_name(self) -> str:
@@ -161,12 +164,28 @@ class NodeDriver:
             raise PrepareError(f"ResourceClaim {claim} has no devices of {self.driver_name}")
         requests = sorted({r["request"] for r in results})
         try:
-            configs = effective_configs(self.driver_name, devices.get("config") or [], requests)
+            # References to DeviceClaimParameters: use what the controller pinned.
+            config = pins.substitute(
+                self.driver_name, devices.get("config") or [], pins.pinned(obj, self.driver_name)
+            )
+        except pins.NotPinned as e:
+            raise PrepareError(f"ResourceClaim {claim}: {e}") from e
+        try:
+            configs = effective_configs(self.driver_name, config, requests)
         except ConfigError as e:
             raise PrepareError(f"ResourceClaim {claim}: invalid opaque config: {e}") from e
         planned = []
         for r in results:
-            if r["pool"] != self.inventory.pool or r["device"] not in self.inventory.devices:
+            network = None
+            if net.is_network_pool(r["pool"]):
+                # Attached by the controller to this node; prepared from what it pinned.
+                try:
+                    network = net.attachment_of(
+                        obj, self.driver_name, r["pool"], r["device"], self.inventory.pool
+                    )
+                except net.NetworkPoolError as e:
+                    raise PrepareError(f"ResourceClaim {claim}: {e}") from e
+            elif r["pool"] != self.inventory.pool or r["device"] not in self.inventory.devices:
                 raise PrepareError(
                     f"ResourceClaim {claim}: device {r['pool']}/{r['device']} is not on this "
                     f"node (pool {self.inventory.pool})"
@@ -179,6 +198,7 @@ class NodeDriver:
                     share_id=r.get("shareID"),
                     admin_access=bool(r.get("adminAccess")),
                     config=configs[r["request"]],
+                    network=network,
                 )
             )
         return planned
@@ -197,8 +217,17 @@ class NodeDriver:
     def _cdi_devices(self, claim: ClaimRef, planned: list[PlannedDevice]) -> list[CDIDevice]:
         out = []
         for p in planned:
-            device = self.inventory.devices[p.device]
             env = {"DRADRIVER_CLAIM": f"{claim.namespace}/{claim.name}", **p.config.env}
+            if p.network is not None:
+                env = {
+                    "DRADRIVER_NETWORK_POOL": p.pool,
+                    "DRADRIVER_NETWORK_DEVICE": p.device,
+                    **p.network.env,
+                    **env,
+                }
+                out.append(CDIDevice(p.cdi_name, ContainerEdits(env=env)))
+                continue
+            device = self.inventory.devices[p.device]
             out.append(CDIDevice(p.cdi_name, device.edits.merged(ContainerEdits(env=env))))
         return out
 
@@ -234,6 +263,8 @@ class NodeDriver:
             )
         if self.gate is not None:
             for p in planned:
+                if p.network is not None:
+                    continue  # not one of this node's devices: the shim never has it
                 reason = self.gate.refuse_for_dra(p.device)
                 if reason:
                     raise PrepareError(f"ResourceClaim {claim}: {reason}")

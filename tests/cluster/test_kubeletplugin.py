@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import shutil
 import ssl
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,6 +17,9 @@ import httpx
 import pytest
 import yaml
 
+from controller.allocation import ALLOCATION_ANNOTATION
+from controller.localcluster import ControllerProcess, controller_kubeconfig, install_crds
+from dradriver import parameters as params
 from dradriver.cdi import CDIDevice, CDIRegistry
 from dradriver.cluster.api import AdminAPI, path_for, wait_until
 from dradriver.cluster.kubeletstate import kubelet_cdi_ids as read_kubelet_cdi_ids
@@ -318,6 +323,139 @@ def test_shared_claim_is_prepared_once_and_unprepared_after_the_last_pod(
     wait_until("claim unprepared", lambda: ledger(published).get_claim(uid) is None, DEADLINE)
     assert cdi(published).read_claim(uid) is None
     assert len(hook_lines(published, "teardown", uid)) == 1
+
+
+def test_controller_allocated_claim_shared_by_many_pods_is_set_up_once(
+    published: NodePlugin, api: AdminAPI, namespace: str, local_cluster: LocalCluster
+) -> None:
+    """The controller's allocation path: one immediate claim, many consumers."""
+    pods = 12
+    with running_controller(api, local_cluster, namespace):
+        api.create(
+            path_for(R, "resourceclaims", namespace),
+            {
+                "metadata": {"name": "shared", "annotations": {ALLOCATION_ANNOTATION: "Immediate"}},
+                "spec": claim_spec("plain"),
+            },
+        )
+
+        def allocated() -> Obj | None:
+            claim = api.get(path_for(R, "resourceclaims", namespace, "shared"))
+            return claim if (claim.get("status") or {}).get("allocation") else None
+
+        claim = wait_until("immediate claim allocated", allocated, DEADLINE)
+        uid = claim["metadata"]["uid"]
+        for i in range(pods):
+            make_pod(api, namespace, f"p{i}", claim="shared")
+        for i in range(pods):
+            wait_running(api, namespace, f"p{i}")
+        claim = api.get(path_for(R, "resourceclaims", namespace, "shared"))
+        assert len(claim["status"]["reservedFor"]) == pods
+        assert len(hook_lines(published, "setup", uid)) == 1
+        for i in range(pods - 1):
+            wait_pod_gone(api, namespace, f"p{i}")
+        entry = ledger(published).get_claim(uid)
+        assert entry is not None and entry.state == "prepared"
+        assert hook_lines(published, "teardown", uid) == []
+        wait_pod_gone(api, namespace, f"p{pods - 1}")
+        wait_until("claim unprepared", lambda: ledger(published).get_claim(uid) is None, DEADLINE)
+        assert len(hook_lines(published, "teardown", uid)) == 1
+        # Still allocated (the controller owns it) until the claim itself is deleted.
+        assert allocated() is not None
+        api.delete(path_for(R, "resourceclaims", namespace, "shared"))
+        wait_until(
+            "claim deallocated and gone",
+            lambda: api.get_or_none(path_for(R, "resourceclaims", namespace, "shared")) is None,
+            DEADLINE,
+        )
+
+
+def test_scheduler_allocated_claim_gets_referenced_parameters_pinned(
+    published: NodePlugin, api: AdminAPI, namespace: str, local_cluster: LocalCluster
+) -> None:
+    """WaitForFirstConsumer: the scheduler allocates, the controller pins the referenced
+    parameters into status.devices, the node prepares with them; a later change of the
+    parameters object does not reach the claim."""
+    install_crds(api)
+    params_api = f"{DRIVER}/{params.VERSION}"
+    api.create(
+        path_for(params_api, params.PLURAL, namespace),
+        {
+            "apiVersion": params_api,
+            "kind": params.KIND,
+            "metadata": {"name": "fast"},
+            "spec": {"profile": "fast", "env": {"MODE": "turbo"}},
+        },
+    )
+    reference = {
+        "opaque": {
+            "driver": DRIVER,
+            "parameters": {
+                "apiVersion": params_api,
+                "kind": params.REFERENCE_KIND,
+                "name": "fast",
+            },
+        }
+    }
+    with running_controller(api, local_cluster, namespace):
+        make_template(api, namespace, "ref", claim_spec("plain", config=[reference]))
+        make_pod(api, namespace, "p", template="ref")
+        wait_running(api, namespace, "p")
+        claim = pod_claim(api, namespace, "p")
+        uid = claim["metadata"]["uid"]
+        [entry] = [e for e in claim["status"]["devices"] if e["driver"] == DRIVER]
+        pin = entry["data"]["parameters"]["fast"]
+        assert pin["config"]["env"] == {"MODE": "turbo"}
+        [line] = hook_lines(published, "setup", uid)
+        assert line.endswith("profile=fast")
+        edits = cdi(published).resolve_many(kubelet_cdi_ids(local_cluster, uid))
+        assert edits.env["MODE"] == "turbo"
+
+        api.request(
+            "PATCH",
+            path_for(params_api, params.PLURAL, namespace, "fast"),
+            json={"spec": {"env": {"MODE": "slow"}}},
+            headers={"Content-Type": "application/merge-patch+json"},
+        )
+
+        def revalidated() -> bool:
+            obj = api.get(path_for(params_api, params.PLURAL, namespace, "fast"))
+            conditions = (obj.get("status") or {}).get("conditions") or []
+            return any(c.get("observedGeneration") == 2 for c in conditions)
+
+        wait_until("the controller saw the change", revalidated, DEADLINE)
+        claim = pod_claim(api, namespace, "p")
+        [entry] = [e for e in claim["status"]["devices"] if e["driver"] == DRIVER]
+        assert entry["data"]["parameters"]["fast"] == pin  # pinned once
+
+        # Clean up while the controller runs: it releases the parameters' in-use finalizer.
+        wait_pod_gone(api, namespace, "p")
+        api.delete(path_for(params_api, params.PLURAL, namespace, "fast"))
+        wait_until(
+            "parameters released and deleted",
+            lambda: api.get_or_none(path_for(params_api, params.PLURAL, namespace, "fast")) is None,
+            DEADLINE,
+        )
+
+
+@contextlib.contextmanager
+def running_controller(
+    api: AdminAPI, local_cluster: LocalCluster, namespace: str
+) -> Iterator[ControllerProcess]:
+    workdir = Path(tempfile.mkdtemp(prefix="dradriver-kp-controller-"))
+    proc = ControllerProcess(
+        f"kp-{namespace}",
+        controller_kubeconfig(api, local_cluster, workdir),
+        workdir,
+        extra_args=["--no-leader-elect", f"--allocation-namespace={namespace}"],
+    )
+    proc.start()
+    try:
+        wait_until("controller ready", proc.ready, DEADLINE)
+        yield proc
+    finally:
+        proc.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
 
 
 def test_two_containers_of_one_pod_share_a_claim(
