@@ -12,8 +12,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from dataclasses import dataclass
+from pathlib import Path
 
-from controller.reconcilers import ClaimReconciler, ParametersReconciler, claims_using
+from fastapi import FastAPI
+
+from controller.networkpools import NetworkPoolReconciler, pool_of_slice, pools_of_claim
+from controller.pinning import ParametersPinReconciler, claims_referencing
+from controller.reconcilers import (
+    ClaimReconciler,
+    ParametersReconciler,
+    claims_using,
+    parameters_used_by,
+)
+from dradriver import networkpool as net
 from dradriver import parameters as params
 from dradriver.controllerruntime import (
     Controller,
@@ -27,6 +38,9 @@ from dradriver.httpserver import HTTPEndpoint, build_app
 from dradriver.kube.client import KubeClient
 from dradriver.kube.paths import RESOURCE_V1, path_for
 from dradriver.log import get_logger
+from dradriver.webhook.app import build_app as build_webhook_app
+from dradriver.webhook.server import WebhookServer
+from dradriver.webhook.validation import Settings as WebhookSettings
 
 log = get_logger("controller")
 
@@ -45,6 +59,10 @@ class Options:
     workers: int = 4
     shutdown_grace: float = 10.0
     allocation_namespaces: tuple[str, ...] = ()
+    # The admission webhook, served over TLS in this process too when an address is given.
+    webhook_address: str | None = None
+    webhook_cert: Path | None = None
+    webhook_key: Path | None = None
 
 
 class ControllerApp:
@@ -86,6 +104,12 @@ class ControllerApp:
             field_selector="spec.nodeName=",
             metrics=self.metrics,
         )
+        self.network_pools = Informer(
+            client,
+            path_for(f"{driver}/{net.VERSION}", net.PLURAL),
+            name="networkdevicepools",
+            metrics=self.metrics,
+        )
         self.informers = [
             self.claims,
             self.parameters,
@@ -93,6 +117,7 @@ class ControllerApp:
             self.classes,
             self.nodes,
             self.pending_pods,
+            self.network_pools,
         ]
         self.elector: LeaderElector | None = None
         if options.leader_elect:
@@ -106,7 +131,7 @@ class ControllerApp:
             )
             self.elector = LeaderElector(client, config, self._lead, metrics=self.metrics)
         self.parameters_reconciler = ParametersReconciler(
-            client, driver, self.parameters, self.is_leader
+            client, driver, self.parameters, self.is_leader, claims=self.claims
         )
         self.claim_reconciler = ClaimReconciler(
             client,
@@ -119,6 +144,7 @@ class ControllerApp:
             self.is_leader,
             namespaces=options.allocation_namespaces,
             pending_pods=self.pending_pods,
+            fence_namespace=options.lease_namespace,  # fence claims live by the Lease
         )
         waiting = self.claim_reconciler.waiting_keys
         claims_controller = (
@@ -142,9 +168,51 @@ class ControllerApp:
                 self.parameters_reconciler,
                 workers=options.workers,
                 metrics=self.metrics,
-            ).watches(self.parameters),
+            )
+            .watches(self.parameters)
+            .watches(self.claims, parameters_used_by(driver)),  # the in-use finalizer
             claims_controller,
         ]
+        # Scheduler-allocated claims that reference parameters: pin them for the node.
+        self.pin_reconciler = ParametersPinReconciler(
+            client,
+            driver,
+            self.claims,
+            self.parameters,
+            self.is_leader,
+            namespaces=options.allocation_namespaces,
+        )
+        self.controllers.append(
+            Controller(
+                "parameter-pins",
+                self.pin_reconciler,
+                workers=options.workers,
+                metrics=self.metrics,
+            )
+            .watches(self.claims)
+            .watches(self.parameters, claims_referencing(self.claims, driver))
+        )
+        # Network-attached pools: publish their slices, attach/detach on allocation.
+        self.network_reconciler = NetworkPoolReconciler(
+            client,
+            driver,
+            self.network_pools,
+            self.claims,
+            self.slices,
+            self.is_leader,
+            namespaces=options.allocation_namespaces,
+        )
+        self.controllers.append(
+            Controller(
+                "networkdevicepools",
+                self.network_reconciler,
+                workers=options.workers,
+                metrics=self.metrics,
+            )
+            .watches(self.network_pools)
+            .watches(self.claims, pools_of_claim(driver))
+            .watches(self.slices, pool_of_slice(driver))
+        )
         self._leading = False
 
     def is_leader(self) -> bool:
@@ -172,6 +240,24 @@ class ControllerApp:
             return True, "caches synced (no leader election)"
         return True, f"standby with synced caches (leader: {self.elector.leader or 'none'})"
 
+    def webhook_app(self) -> FastAPI:
+        """The admission webhook's app (POST /validate, /healthz, /readyz, /metrics), with
+        this process's readiness and metrics registry. Validation needs no leader: every
+        replica serves it. Build it once (it registers the webhook's metrics)."""
+        driver = self.options.driver_name
+        settings = WebhookSettings(driver=driver, device_classes=frozenset({driver}))
+        return build_webhook_app(settings, self.metrics.registry, self.ready)
+
+    async def _start_webhook(self) -> WebhookServer | None:
+        o = self.options
+        if o.webhook_address is None:
+            return None
+        if o.webhook_cert is None or o.webhook_key is None:
+            raise ValueError("the webhook needs a certificate and a key")
+        server = WebhookServer(self.webhook_app(), o.webhook_address, o.webhook_cert, o.webhook_key)
+        await server.start()
+        return server
+
     async def _lead(self) -> None:
         """Runs while this replica leads; cancelled when the Lease is lost."""
         self._leading = True
@@ -188,6 +274,11 @@ class ControllerApp:
             self.options.http_address,
         )
         await http.start()
+        try:
+            webhook = await self._start_webhook()
+        except BaseException:
+            await http.stop()
+            raise
         for informer in self.informers:
             informer.start()
         leading = asyncio.create_task(
@@ -199,6 +290,7 @@ class ControllerApp:
             leader_elect=self.options.leader_elect,
             identity=self.elector.identity if self.elector is not None else "",
             http=self.options.http_address,
+            webhook=self.options.webhook_address or "",
         )
         stopping = asyncio.create_task(stop.wait())
         try:
@@ -221,5 +313,7 @@ class ControllerApp:
                 await leading
             for informer in self.informers:
                 await informer.stop()
+            if webhook is not None:
+                await webhook.stop()
             await http.stop()
             log.info("stopped")

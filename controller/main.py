@@ -8,6 +8,7 @@ import os
 import signal
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from controller.app import ControllerApp, Options
 from dradriver import DEFAULT_DRIVER_NAME
@@ -88,6 +89,25 @@ def build_parser() -> argparse.ArgumentParser:
         "(default: %(default)s; ':8081' for all interfaces)",
     )
     parser.add_argument(
+        "--webhook-address",
+        default=env("DRADRIVER_WEBHOOK_ADDRESS"),
+        help="also serve the admission webhook (POST /validate, and /healthz, /readyz, "
+        "/metrics as on --http-address) over HTTPS on HOST:PORT, e.g. ':8443'; every replica "
+        "serves it, leader or not (default: $DRADRIVER_WEBHOOK_ADDRESS, else off)",
+    )
+    parser.add_argument(
+        "--webhook-cert",
+        type=Path,
+        default=env("DRADRIVER_WEBHOOK_CERT"),
+        help="the webhook's serving certificate, PEM (default: $DRADRIVER_WEBHOOK_CERT)",
+    )
+    parser.add_argument(
+        "--webhook-key",
+        type=Path,
+        default=env("DRADRIVER_WEBHOOK_KEY"),
+        help="its private key, PEM (default: $DRADRIVER_WEBHOOK_KEY)",
+    )
+    parser.add_argument(
         "--workers",
         type=int,
         default=4,
@@ -119,6 +139,23 @@ def options_from(args: argparse.Namespace) -> Options:
         parse_address(args.http_address)
     except ValueError as e:
         raise ValueError(f"--http-address: {e}") from e
+    if args.webhook_address is not None:
+        try:
+            parse_address(args.webhook_address)
+        except ValueError as e:
+            raise ValueError(f"--webhook-address: {e}") from e
+        for flag, path in (
+            ("--webhook-cert", args.webhook_cert),
+            ("--webhook-key", args.webhook_key),
+        ):
+            if path is None:
+                raise ValueError(
+                    f"--webhook-address needs {flag} (the apiserver calls webhooks over TLS only)"
+                )
+            if not Path(path).is_file():
+                raise ValueError(f"{flag}: {path} does not exist or is not a file")
+    elif args.webhook_cert is not None or args.webhook_key is not None:
+        raise ValueError("--webhook-cert and --webhook-key need --webhook-address")
     if args.workers < 1:
         raise ValueError("--workers must be at least 1")
     try:
@@ -145,6 +182,9 @@ def options_from(args: argparse.Namespace) -> Options:
         workers=args.workers,
         shutdown_grace=args.shutdown_grace,
         allocation_namespaces=tuple(args.allocation_namespaces),
+        webhook_address=args.webhook_address,
+        webhook_cert=None if args.webhook_address is None else Path(args.webhook_cert),
+        webhook_key=None if args.webhook_address is None else Path(args.webhook_key),
     )
 
 

@@ -9,6 +9,10 @@
   ``DeviceClaimParameters`` with their selectors, ``DeviceClaimParametersReference``),
   and the CEL selectors of requests (``exactly`` and ``firstAvailable[]``) whose
   device class is one of this driver's classes.
+- ``NetworkDevicePool`` (group = the driver name, cluster-scoped): name and spec against
+  the pydantic models of :mod:`dradriver.networkpool` (:func:`~dradriver.networkpool.
+  validate_object`), which check what the CRD schema cannot: the backend's settings
+  section, unique device names, attribute values, quantities, node selector operators.
 
 Denials name the field and, where the set is closed, the allowed values (kinds,
 apiVersion, enum values, field names). An UPDATE that leaves the validated part
@@ -20,6 +24,8 @@ object that does not exist is admitted: the controller reports it on the claim.
 from __future__ import annotations
 
 import re
+import types
+import typing
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -27,6 +33,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from dradriver import DEFAULT_DRIVER_NAME
+from dradriver import networkpool as net
 from dradriver import parameters as params
 from dradriver.cel import validate_selector
 from dradriver.opaqueconfig import DeviceConfig
@@ -96,6 +103,48 @@ def parameters_errors(obj: Obj) -> list[str]:
     except params.ParametersError as e:
         return [_with_allowed(str(e), lambda parent: SPEC_FIELDS if parent == "spec" else None)]
     return _selector_errors(list(spec.selectors), "spec.selectors")
+
+
+def _model_at(model: type[BaseModel], path: str) -> type[BaseModel] | None:
+    """The pydantic model of the object at ``path`` (aliases, ``[i]`` indexes) under ``model``."""
+    current: Any = model
+    for part in re.sub(r"\[\d+\]", "", path).split(".") if path else ():
+        fields = {f.alias or name: f for name, f in current.model_fields.items()}
+        if part not in fields:
+            return None
+        current = _unwrap(fields[part].annotation)
+        if current is None:
+            return None
+    return current if isinstance(current, type) and issubclass(current, BaseModel) else None
+
+
+def _unwrap(annotation: Any) -> type[BaseModel] | None:
+    """The model inside ``X | None`` or ``list[X]`` (None if there is none)."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    if typing.get_origin(annotation) in (list, typing.Union, types.UnionType):
+        for arg in typing.get_args(annotation):
+            found = _unwrap(arg)
+            if found is not None:
+                return found
+    return None
+
+
+def network_pool_errors(obj: Obj) -> list[str]:
+    """What is wrong with a NetworkDevicePool object (field paths from its root)."""
+    try:
+        net.validate_object(obj)
+    except net.NetworkPoolError as e:
+
+        def allowed_at(parent: str) -> tuple[str, ...] | None:
+            if parent != "spec" and not parent.startswith("spec."):
+                return None
+            model = _model_at(net.NetworkDevicePoolSpec, parent.removeprefix("spec")[1:])
+            return _fields(model) if model is not None else None
+
+        # pydantic prefixes the messages of the models' own checks with "Value error, ".
+        return [_with_allowed(str(e).replace(": Value error, ", ": "), allowed_at)]
+    return []
 
 
 def opaque_errors(driver: str, parameters: Any, where: str) -> list[str]:
@@ -179,6 +228,8 @@ def _target(settings: Settings, group: str, kind: str) -> tuple[str, Callable[[O
     """(kind, the part of the object that is validated) for the kinds this webhook knows."""
     if group == settings.driver and kind == params.KIND:
         return kind, lambda o: o.get("spec")
+    if group == settings.driver and kind == net.KIND:
+        return kind, lambda o: o.get("spec")
     if group == RESOURCE_GROUP and kind == "ResourceClaim":
         return kind, lambda o: o.get("spec")
     if group == RESOURCE_GROUP and kind == "ResourceClaimTemplate":
@@ -201,6 +252,8 @@ def validate(settings: Settings, request: Obj) -> Verdict:
         return Verdict(True, kind=kind)
     if kind == params.KIND:
         errors = parameters_errors(obj)
+    elif kind == net.KIND:
+        errors = network_pool_errors(obj)
     elif kind == "ResourceClaim":
         errors = claim_spec_errors(settings, obj.get("spec"), "spec")
     else:

@@ -1,8 +1,10 @@
 """The admission webhook on the real apiserver, registered by URL on loopback.
 
 The cluster is shared with other tests running at the same time: the webhook
-configuration has a unique name and only matches a namespace carrying a label
-no other namespace has, and it is deleted at the end whatever happens.
+configuration has a unique name and only matches a namespace (or, for the
+cluster-scoped NetworkDevicePools, an object) carrying a label no other has, and
+it is deleted at the end whatever happens. The webhook runs standalone
+(``dradriver-webhook``) and inside ``dradriver-controller`` (``--webhook-address``).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import ssl
 import subprocess
 import sys
 import tempfile
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -23,21 +26,37 @@ import httpx
 import pytest
 import yaml
 
+from controller.localcluster import (
+    NAMESPACE,
+    ControllerProcess,
+    controller_kubeconfig,
+    install_crds,
+    register_webhook,
+    unregister_webhook,
+    webhook_tls,
+)
+from dradriver import networkpool as net
 from dradriver import parameters as params
 from dradriver.cluster.api import AdminAPI, APIError, path_for, wait_until
 from dradriver.cluster.local import LocalCluster
-from dradriver.cluster.nodeplugin import apply_file, free_port
+from dradriver.cluster.nodeplugin import free_port
 from dradriver.cluster.process import log_tail
 from dradriver.kube.paths import RESOURCE_V1
-from dradriver.webhook.register import WEBHOOK_NAME, issue_serving_cert, webhook_configuration
+from dradriver.webhook.register import (
+    CLUSTER_WEBHOOK_NAME,
+    WEBHOOK_NAME,
+    issue_serving_cert,
+    webhook_configuration,
+)
 
 DRIVER = "dradriver.dev"
 API_VERSION = f"{DRIVER}/{params.VERSION}"
 LABEL = "dradriver.dev/webhook-test"
 CONFIGS = "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations"
-CRD = f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{params.PLURAL}.{DRIVER}"
 BAD_SELECTOR = 'device.attributes["dradriver.dev"].model =='
 DENIED = f'admission webhook "{WEBHOOK_NAME}" denied the request: '
+DENIED_POOL = f'admission webhook "{CLUSTER_WEBHOOK_NAME}" denied the request: '
+POOLS = path_for(f"{DRIVER}/{net.VERSION}", net.PLURAL)
 Obj = dict[str, Any]
 
 
@@ -46,16 +65,7 @@ class Webhook:
     namespace: str
     kubeconfig: Path
     workdir: Path
-
-
-def _install_crd(api: AdminAPI) -> None:
-    apply_file(api, params.CRD_FILE)
-
-    def established() -> bool:
-        conditions = (api.get(CRD).get("status") or {}).get("conditions") or []
-        return any(c["type"] == "Established" and c["status"] == "True" for c in conditions)
-
-    wait_until("CRD established", established, 30)
+    labels: dict[str, str]  # of the namespace; cluster-scoped objects carry them themselves
 
 
 def parameters(namespace: str, name: str, spec: Obj) -> Obj:
@@ -83,13 +93,41 @@ def parameters_path(namespace: str) -> str:
     return path_for(API_VERSION, params.PLURAL, namespace)
 
 
-def denied(api: AdminAPI, path: str, body: Obj) -> str:
+def network_pool(name: str, labels: dict[str, str], spec: Obj) -> Obj:
+    return {
+        "apiVersion": f"{DRIVER}/{net.VERSION}",
+        "kind": net.KIND,
+        "metadata": {"name": name, "labels": dict(labels)},
+        "spec": spec,
+    }
+
+
+def denied(api: AdminAPI, path: str, body: Obj, prefix: str = DENIED) -> str:
     with pytest.raises(APIError) as info:
         api.create(path, body)
     message = str(info.value.body.get("message", ""))
     assert info.value.status == 422, info.value.body
-    assert message.startswith(DENIED), message
-    return message[len(DENIED) :]
+    assert message.startswith(prefix), message
+    return message[len(prefix) :]
+
+
+def delete_pool(api: AdminAPI, name: str) -> None:
+    """Delete a pool this test made; a controller of a concurrent test may have put its
+    detach finalizer on it (nothing is attached: drop it)."""
+    path = f"{POOLS}/{name}"
+    api.delete(path)
+    if api.get_or_none(path) is not None:
+        try:
+            api.request(
+                "PATCH",
+                path,
+                content=json.dumps({"metadata": {"finalizers": None}}),
+                headers={"Content-Type": "application/merge-patch+json"},
+            )
+        except APIError as e:
+            if e.status != 404:
+                raise
+    wait_until(f"pool {name} deleted", lambda: api.get_or_none(path) is None, 30)
 
 
 @pytest.fixture(scope="module")
@@ -103,7 +141,7 @@ def webhook(local_cluster: LocalCluster) -> Iterator[Webhook]:
     port = free_port()
     log_path = workdir / "webhook.log"
     with local_cluster.api() as api, log_path.open("wb") as log:
-        _install_crd(api)
+        install_crds(api)
         proc = subprocess.Popen(
             [
                 sys.executable,
@@ -158,7 +196,9 @@ def webhook(local_cluster: LocalCluster) -> Iterator[Webhook]:
                 return False
 
             wait_until("webhook configuration active", active, 30)
-            yield Webhook(namespace, local_cluster.layout.admin_kubeconfig, workdir)
+            yield Webhook(
+                namespace, local_cluster.layout.admin_kubeconfig, workdir, {LABEL: unique}
+            )
         finally:
             api.delete(f"{CONFIGS}/{config_name}")
             api.delete(path_for("v1", "namespaces", name=namespace))
@@ -303,3 +343,131 @@ def test_kubectl_apply_shows_a_readable_message(webhook: Webhook) -> None:
     )
     assert result.returncode != 0
     assert DENIED + "spec.selectors[0]: " in result.stderr, result.stderr
+
+
+def test_network_pools_are_validated(api: AdminAPI, webhook: Webhook) -> None:
+    name = f"t-webhook-{uuid.uuid4().hex[:8]}"
+    labels = webhook.labels
+    devices = [{"name": "nic-0", "attributes": {"model": {"string": "x1"}}}]
+    # An unknown backend: the CRD schema denies it before the webhook is called; either
+    # way the message names the field and the allowed values.
+    bad = network_pool(name, labels, {"attach": {"backend": "tftp"}, "devices": devices})
+    with pytest.raises(APIError) as info:
+        api.create(POOLS, bad)
+    assert info.value.status == 422, info.value.body
+    message = str(info.value.body.get("message"))
+    assert "spec.attach.backend" in message
+    assert '"simulated"' in message and '"exec"' in message, message
+    # What no schema checks is the webhook's.
+    bad["spec"]["attach"] = {"backend": "exec"}
+    message = denied(api, POOLS, bad, DENIED_POOL)
+    assert message == "spec.attach: backend exec needs the exec section (command)"
+    twice = network_pool(name, labels, {"attach": {"backend": "simulated"}, "devices": devices * 2})
+    assert denied(api, POOLS, twice, DENIED_POOL) == "spec: device name 'nic-0' is given twice"
+    dotted = network_pool(
+        f"{name}.a", labels, {"attach": {"backend": "simulated"}, "devices": devices}
+    )
+    assert denied(api, POOLS, dotted, DENIED_POOL).startswith(
+        f"metadata.name: NetworkDevicePool name '{name}.a' is not a DNS label"
+    )
+
+    good = network_pool(name, labels, {"attach": {"backend": "simulated"}, "devices": devices})
+    try:
+        created = api.create(POOLS, good)
+        assert created["spec"]["attach"]["backend"] == "simulated"
+        with pytest.raises(APIError) as info:
+            api.request(
+                "PATCH",
+                f"{POOLS}/{name}",
+                content=json.dumps({"spec": {"attach": {"backend": "exec"}}}),
+                headers={"Content-Type": "application/merge-patch+json"},
+            )
+        assert info.value.status == 422, info.value.body
+        assert str(info.value.body.get("message")) == (
+            DENIED_POOL + "spec.attach: backend exec needs the exec section (command)"
+        )
+    finally:
+        delete_pool(api, name)
+
+
+# --- served by dradriver-controller ---------------------------------------------------
+
+
+def _foreign_lease(api: AdminAPI, name: str) -> None:
+    """A Lease another replica holds for an hour: the controller stays a standby."""
+    now = time.strftime("%Y-%m-%dT%H:%M:%S.000000Z", time.gmtime())
+    api.create(
+        path_for("coordination.k8s.io/v1", "leases", NAMESPACE),
+        {
+            "metadata": {"name": name, "namespace": NAMESPACE},
+            "spec": {
+                "holderIdentity": "someone-else",
+                "leaseDurationSeconds": 3600,
+                "acquireTime": now,
+                "renewTime": now,
+            },
+        },
+    )
+
+
+def test_controller_serves_the_webhook(api: AdminAPI, local_cluster: LocalCluster) -> None:
+    """dradriver-controller --webhook-address: a standby validates too, and /readyz on the
+    webhook port is the controller's readiness."""
+    unique = uuid.uuid4().hex[:8]
+    namespace = f"t-ctl-webhook-{unique}"
+    config_name = f"dradriver-webhook-test-ctl-{unique}"
+    lease_name = f"controller-webhook-{unique}"
+    workdir = Path(tempfile.mkdtemp(prefix="dra-ctl-webhook-"))
+    controller = ControllerProcess(
+        f"webhook-{unique}",
+        controller_kubeconfig(api, local_cluster, workdir),
+        workdir,
+        lease_name,
+        extra_args=[f"--allocation-namespace={namespace}"],
+        webhook=webhook_tls(local_cluster, workdir),
+    )
+    try:
+        _foreign_lease(api, lease_name)
+        api.create(
+            "/api/v1/namespaces", {"metadata": {"name": namespace, "labels": {LABEL: unique}}}
+        )
+        controller.start()
+        wait_until("controller ready", controller.ready, 60)
+        register_webhook(api, controller, config_name, namespace_labels={LABEL: unique})
+
+        body = parameters(namespace, "bad", {"selectors": [BAD_SELECTOR]})
+        message = denied(api, parameters_path(namespace), body)
+        assert message.startswith("spec.selectors[0]: ")
+        pool = network_pool(
+            f"t-ctl-webhook-{unique}", {LABEL: unique}, {"attach": {"backend": "exec"}}
+        )
+        pool["spec"]["devices"] = [{"name": "nic-0"}]
+        message = denied(api, POOLS + "?dryRun=All", pool, DENIED_POOL)
+        assert message == "spec.attach: backend exec needs the exec section (command)"
+        created = api.create(parameters_path(namespace), parameters(namespace, "good", {}))
+        assert created["metadata"]["name"] == "good"
+
+        ready = controller.webhook_get("/readyz")
+        assert ready is not None and ready.status_code == 200
+        assert ready.text == "ok: standby with synced caches (leader: someone-else)\n"
+        plain = controller.get("/readyz")
+        assert plain is not None and plain.text == ready.text
+        metrics = controller.webhook_get("/metrics")
+        assert metrics is not None
+        assert (
+            'dradriver_webhook_requests_total{kind="DeviceClaimParameters",operation="CREATE",'
+            'outcome="denied"}' in metrics.text
+        )
+        assert f'dradriver_leader{{lease="{NAMESPACE}/{lease_name}"}} 0.0' in metrics.text
+        health = controller.webhook_get("/healthz")
+        assert health is not None and health.text == "ok\n"
+        # TLS only: plain HTTP on the webhook port gets no answer.
+        with pytest.raises(httpx.HTTPError):
+            httpx.get(f"http://127.0.0.1:{controller.webhook_port}/healthz", timeout=2)
+        assert controller.terminate() == 0
+    finally:
+        unregister_webhook(api, config_name)
+        controller.stop()
+        api.delete(path_for("v1", "namespaces", name=namespace))
+        api.delete(path_for("coordination.k8s.io/v1", "leases", NAMESPACE, lease_name))
+        shutil.rmtree(workdir, ignore_errors=True)

@@ -64,7 +64,7 @@ def test_readiness_standby_needs_synced_caches() -> None:
         ok, reason = app.ready()
         assert not ok and reason == (
             "caches not synced: resourceclaims, deviceclaimparameters, resourceslices, "
-            "deviceclasses, nodes, unscheduled-pods"
+            "deviceclasses, nodes, unscheduled-pods, networkdevicepools"
         )
         app.parameters.last_error = "403 Forbidden"
         assert "deviceclaimparameters (403 Forbidden)" in app.ready()[1]

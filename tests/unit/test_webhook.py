@@ -14,10 +14,22 @@ import httpx
 import pytest
 from fastapi.testclient import TestClient
 
+from controller.app import ControllerApp, Options
+from controller.main import build_parser as controller_parser
+from controller.main import options_from
+from dradriver import networkpool as net
 from dradriver import parameters as params
 from dradriver.cluster.pki import CertificateAuthority, CertPair
+from dradriver.controllerruntime import Informer
+from dradriver.kube.client import Connection, KubeClient
 from dradriver.webhook.app import build_app
-from dradriver.webhook.register import issue_serving_cert, webhook_configuration
+from dradriver.webhook.register import (
+    CLUSTER_WEBHOOK_NAME,
+    WEBHOOK_NAME,
+    issue_serving_cert,
+    rules,
+    webhook_configuration,
+)
 from dradriver.webhook.server import WebhookServer, build_parser, main
 from dradriver.webhook.validation import Settings, validate
 
@@ -41,8 +53,8 @@ def review(
     old: Obj | None = None,
     uid: str = "uid-1",
 ) -> Obj:
-    group = DRIVER if kind == params.KIND else "resource.k8s.io"
-    version = params.VERSION if kind == params.KIND else "v1"
+    group = DRIVER if kind in (params.KIND, net.KIND) else "resource.k8s.io"
+    version = {params.KIND: params.VERSION, net.KIND: net.VERSION}.get(kind, "v1")
     return {
         "apiVersion": "admission.k8s.io/v1",
         "kind": "AdmissionReview",
@@ -66,6 +78,24 @@ def dcp(spec: Any) -> Obj:
         "metadata": {"name": "p", "namespace": "ns"},
         "spec": spec,
     }
+
+
+def pool(spec: Any, name: str = "fabric-a") -> Obj:
+    return {
+        "apiVersion": f"{DRIVER}/{net.VERSION}",
+        "kind": net.KIND,
+        "metadata": {"name": name},
+        "spec": spec,
+    }
+
+
+def pool_spec(**overrides: Any) -> Obj:
+    spec: Obj = {
+        "attach": {"backend": "simulated"},
+        "devices": [{"name": "nic-0", "attributes": {"model": {"string": "x1"}}}],
+    }
+    spec.update(overrides)
+    return spec
 
 
 def claim(config: list[Obj] | None = None, requests: list[Obj] | None = None) -> Obj:
@@ -198,6 +228,83 @@ def test_update_with_unchanged_spec_is_admitted(client: TestClient) -> None:
 
 def test_delete_and_connect_are_admitted(client: TestClient) -> None:
     allowed(client, review(params.KIND, dcp({"count": 0}), "DELETE"))
+
+
+# --- NetworkDevicePools -----------------------------------------------------------------
+
+
+def test_valid_network_pool_is_admitted(client: TestClient) -> None:
+    allowed(client, review(net.KIND, pool(pool_spec())))
+    exec_spec = pool_spec(attach={"backend": "exec", "exec": {"command": ["/bin/attach"]}})
+    allowed(client, review(net.KIND, pool(exec_spec)))
+
+
+@pytest.mark.parametrize(
+    ("obj", "expected"),
+    [
+        (
+            pool(pool_spec(attach={"backend": "tftp"})),
+            "spec.attach.backend: Input should be 'simulated' or 'exec'",
+        ),
+        (
+            pool(pool_spec(attach={"backend": "exec"})),
+            "spec.attach: backend exec needs the exec section (command)",
+        ),
+        (
+            pool(pool_spec(attach={"backend": "exec", "exec": {"command": ["attach"]}})),
+            "spec.attach.exec: command[0] must be an absolute path, not 'attach'",
+        ),
+        (pool(pool_spec(devices=[{"name": "a"}, {"name": "a"}])), "device name 'a' is given twice"),
+        (
+            pool(pool_spec(devices=[])),
+            "spec.devices: List should have at least 1 item after validation, not 0",
+        ),
+        (
+            pool(pool_spec(devices=[{"name": "a", "colour": "red"}])),
+            "spec.devices[0].colour: unknown field (allowed: name, attributes, capacity, env, "
+            "nodeSelector)",
+        ),
+        (
+            pool(pool_spec(attach={"backend": "simulated", "simulated": {"latency": 1}})),
+            "spec.attach.simulated.latency: unknown field (allowed: latencySeconds, failDevices)",
+        ),
+        (
+            pool(pool_spec(nodes="all")),
+            "spec.nodes: unknown field (allowed: nodeSelector, attach, devices)",
+        ),
+        (
+            pool(pool_spec(), name="fabric.a"),
+            "metadata.name: NetworkDevicePool name 'fabric.a' is not a DNS label",
+        ),
+        (pool(None), "spec.attach: Field required; spec.devices: Field required"),
+    ],
+)
+def test_invalid_network_pool_names_field_and_allowed_values(
+    client: TestClient, obj: Obj, expected: str
+) -> None:
+    assert expected in denied(client, review(net.KIND, obj))
+    assert "Value error" not in denied(client, review(net.KIND, obj))
+
+
+def test_network_pool_update(client: TestClient) -> None:
+    """Finalizer changes on a pool created before the webhook are admitted; spec changes
+    are validated."""
+    bad = pool(pool_spec(attach={"backend": "exec"}))
+    newer = copy.deepcopy(bad)
+    newer["metadata"]["finalizers"] = [net.FINALIZER]
+    allowed(client, review(net.KIND, newer, "UPDATE", old=bad))
+    good = pool(pool_spec())
+    allowed(client, review(net.KIND, good, "UPDATE", old=good))
+    assert "spec.attach.backend" in denied(
+        client, review(net.KIND, pool(pool_spec(attach={"backend": "x"})), "UPDATE", old=good)
+    )
+    allowed(client, review(net.KIND, bad, "DELETE"))
+
+
+def test_network_pool_of_another_group_is_not_ours(client: TestClient) -> None:
+    body = review(net.KIND, pool(pool_spec(attach={"backend": "tftp"})))
+    body["request"]["kind"]["group"] = "other.example.com"
+    allowed(client, body)
 
 
 # --- ResourceClaims and templates -----------------------------------------------------
@@ -422,6 +529,11 @@ def test_health_ready_and_metrics(client: TestClient) -> None:
     )
     assert 'outcome="denied"} 1.0' in text
     assert "dradriver_webhook_request_duration_seconds_count 2.0" in text
+    denied(client, review(net.KIND, pool({})))
+    assert (
+        'dradriver_webhook_requests_total{kind="NetworkDevicePool",operation="CREATE",'
+        'outcome="denied"} 1.0' in client.get("/metrics").text
+    )
 
 
 def test_readyz_follows_the_given_probe() -> None:
@@ -475,16 +587,47 @@ def test_webhook_configuration() -> None:
     doc = webhook_configuration(
         "t", "https://127.0.0.1:1/validate", b"PEM", namespace_labels={"a": "b"}
     )
-    (hook,) = doc["webhooks"]
-    assert hook["clientConfig"] == {
-        "url": "https://127.0.0.1:1/validate",
-        "caBundle": base64.b64encode(b"PEM").decode(),
-    }
+    hook = doc["webhooks"][0]
+    for each in doc["webhooks"]:
+        assert each["clientConfig"] == {
+            "url": "https://127.0.0.1:1/validate",
+            "caBundle": base64.b64encode(b"PEM").decode(),
+        }
+        assert each["failurePolicy"] == "Fail"
     assert hook["namespaceSelector"] == {"matchLabels": {"a": "b"}}
-    assert hook["failurePolicy"] == "Fail"
     resources = {r for rule in hook["rules"] for r in rule["resources"]}
     assert resources == {"resourceclaims", "resourceclaimtemplates", params.PLURAL}
-    assert all(rule["operations"] == ["CREATE", "UPDATE"] for rule in hook["rules"])
+    every = {r for rule in rules() for r in rule["resources"]}
+    assert every == {"resourceclaims", "resourceclaimtemplates", params.PLURAL, net.PLURAL}
+    assert all(rule["operations"] == ["CREATE", "UPDATE"] for rule in rules())
+
+
+def test_labelled_configuration_scopes_cluster_scoped_pools_by_their_labels() -> None:
+    """A namespaceSelector never skips cluster-scoped objects: pools get a second webhook
+    selecting them by their own labels, so tests sharing a cluster stay apart."""
+    doc = webhook_configuration("t", "https://x/validate", b"", namespace_labels={"a": "b"})
+    namespaced, cluster = doc["webhooks"]
+    assert namespaced["name"] == WEBHOOK_NAME
+    assert all(r["scope"] == "Namespaced" for r in namespaced["rules"])
+    assert cluster["name"] == CLUSTER_WEBHOOK_NAME
+    assert cluster["rules"] == [
+        {
+            "apiGroups": [DRIVER],
+            "apiVersions": [net.VERSION],
+            "operations": ["CREATE", "UPDATE"],
+            "resources": [net.PLURAL],
+            "scope": "Cluster",
+        }
+    ]
+    assert cluster["objectSelector"] == {"matchLabels": {"a": "b"}}
+    assert "namespaceSelector" not in cluster
+    # Unscoped: one webhook with every rule, as in the manifest.
+    (hook,) = webhook_configuration("t", "https://x/validate", b"", failure_policy="Ignore")[
+        "webhooks"
+    ]
+    assert hook["rules"] == rules()
+    assert hook["failurePolicy"] == "Ignore"
+    assert {r["resources"][0] for r in rules(scope="Cluster")} == {net.PLURAL}
 
 
 def test_manifest_matches_the_registration_rules() -> None:
@@ -502,6 +645,21 @@ def test_manifest_matches_the_registration_rules() -> None:
         docs["Service"]["metadata"]["name"],
     )
     assert service["path"] == "/validate"
+    # The controller Deployment serves it: the Service selects its pods' webhook port.
+    deployment_path = path.with_name("deployment.yaml")
+    deployment = next(
+        d
+        for d in yaml.safe_load_all(deployment_path.read_text())
+        if d and d["kind"] == "Deployment"
+    )
+    template = deployment["spec"]["template"]
+    assert docs["Service"]["spec"]["selector"].items() <= template["metadata"]["labels"].items()
+    (container,) = template["spec"]["containers"]
+    target = docs["Service"]["spec"]["ports"][0]["targetPort"]
+    (port,) = [p for p in container["ports"] if p["name"] == target]
+    args = controller_parser().parse_args(container["command"][1:])
+    assert args.webhook_address == f":{port['containerPort']}"
+    assert "Deployment" not in docs  # no separate webhook Deployment any more
 
 
 def test_command_line(tmp_path: Path) -> None:
@@ -514,3 +672,57 @@ def test_command_line(tmp_path: Path) -> None:
         main(["--address", "127.0.0.1:0"])  # no certificate
     with pytest.raises(SystemExit):
         main(["--cert", str(tmp_path / "no.crt"), "--key", str(tmp_path / "no.key")])
+
+
+# --- served by dradriver-controller ---------------------------------------------------
+
+
+def test_controller_webhook_flags(pki: Path) -> None:
+    pair = issue_serving_cert(pki, pki / "serving")
+    parser = controller_parser()
+    base = ["--webhook-address", "127.0.0.1:0"]
+    options = options_from(
+        parser.parse_args([*base, "--webhook-cert", str(pair.cert), "--webhook-key", str(pair.key)])
+    )
+    assert (options.webhook_address, options.webhook_cert, options.webhook_key) == (
+        "127.0.0.1:0",
+        pair.cert,
+        pair.key,
+    )
+    assert options_from(parser.parse_args([])).webhook_address is None
+    for argv, message in [
+        (base, "--webhook-address needs --webhook-cert"),
+        ([*base, "--webhook-cert", str(pair.cert)], "--webhook-address needs --webhook-key"),
+        (
+            [*base, "--webhook-cert", str(pki / "no.crt"), "--webhook-key", str(pair.key)],
+            "--webhook-cert: ",
+        ),
+        (["--webhook-address", "nope", "--webhook-cert", "c", "--webhook-key", "k"], "HOST:PORT"),
+        (["--webhook-cert", str(pair.cert)], "need --webhook-address"),
+    ]:
+        with pytest.raises(ValueError, match=message.replace("-", "\\-")):
+            options_from(parser.parse_args(argv))
+
+
+def _controller(**options: Any) -> ControllerApp:
+    conn = Connection("https://127.0.0.1:1", ssl.create_default_context())
+    return ControllerApp(Options(driver_name=DRIVER, **options), KubeClient(conn, "test"))
+
+
+def test_controller_webhook_app_has_the_controllers_readiness_and_metrics(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    app = _controller(leader_elect=False)
+    with TestClient(app.webhook_app()) as c:
+        resp = c.get("/readyz")
+        assert resp.status_code == 503
+        assert resp.text.startswith("not ready: caches not synced: resourceclaims")
+        assert resp.text == f"not ready: {app.ready()[1]}\n"
+        # Validation needs neither the leader nor synced caches.
+        assert "spec.count" in denied(c, review(params.KIND, dcp({"count": 0})))
+        text = c.get("/metrics").text
+        assert 'dradriver_webhook_requests_total{kind="DeviceClaimParameters"' in text
+        assert "dradriver_workqueue_depth" in text  # the controller's own registry
+        monkeypatch.setattr(Informer, "has_synced", property(lambda self: True))
+        resp = c.get("/readyz")
+        assert (resp.status_code, resp.text) == (200, "ok: caches synced (no leader election)\n")
