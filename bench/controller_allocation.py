@@ -1,39 +1,61 @@
-"""Controller allocation on the local cluster: 1,000 immediate claims over 10,000 devices.
+"""Controller allocation vs kube-scheduler: 1,000 claims over 10,000 devices, on its own cluster.
 
 ``python -m bench.controller_allocation [--claims N] [--devices N] [--workers N]``
 
-The benchmark publishes one pool of ``--devices`` devices (``allNodes``, slices of 128,
-typed ``model`` and ``index`` attributes) for a unique driver name, and one DeviceClass
-whose CEL selector checks the driver. It runs ``dradriver-controller`` as the tests do
-(its ServiceAccount and the manifests' RBAC, ``--allocation-namespace`` = the bench's own
-namespace), then creates the claims (annotation ``dradriver.dev/allocation: Immediate``,
-one device with a CEL selector on ``model``) 32 at a time and watches them until every
-one is allocated.
+The benchmark starts its own local cluster (a temporary state dir and free ports; no
+kubelet, see below), so neither its load nor its objects reach the shared cluster the
+tests use, and it stops that cluster at the end. It publishes one pool of ``--devices``
+devices (``allNodes``, slices of 128, typed ``model`` and ``index`` attributes) for a unique
+driver name, and one DeviceClass whose CEL selector checks the driver. Then two phases run
+in the same cluster, each starting from the same free inventory:
 
-Reported: claims/s (first create sent -> last allocation seen), claim-to-allocated p50/p99
-(create sent -> allocation seen by a watch), and the controller's RSS with the slices and
-claims cached. The kube-scheduler comparison (the same claims through pods) is not
-implemented yet. Everything the bench creates is deleted at the end (claims first, while
-the controller runs, so its finalizer is removed).
+1. **dradriver-controller**, run as the tests do (its ServiceAccount and the manifests'
+   RBAC, ``--allocation-namespace`` = the bench's namespace): the claims are created with
+   the annotation ``dradriver.dev/allocation: Immediate`` (one device, a CEL selector on
+   ``model``), 32 at a time, and watched until every one is allocated. Claims/s is first
+   create sent -> last allocation seen; claim-to-allocated is create sent -> allocation seen
+   by a watch. The claims are then deleted (the controller removes its finalizer) and the
+   controller is stopped.
+2. **kube-scheduler** (the cluster's own, default configuration as ``dradriver cluster up``
+   starts it, i.e. client QPS 50 / burst 100): the same claims (same requests and CEL
+   selectors, without the annotation) are pre-created, untimed; then one pod per claim is
+   created, 32 at a time, each referencing its claim by ``resourceClaimName``. Pods/s is
+   first pod create sent -> last claim allocation seen; claim-to-allocated is the pod's
+   create sent -> its claim's allocation seen. The scheduler writes the allocation in its
+   DRA plugin's PreBind, before the Binding, so the end point is the same as phase 1's.
+
+The scheduler's pods go to one Node object with no kubelet, ``allocatable.pods`` above the
+pod count: a real kubelet has ``maxPods`` 110 (the kubelet config does not set it) and
+NodeResourcesFit would reject pod 111 before DRA ever ran, and the device-plugin dir
+``/var/lib/kubelet/device-plugins`` of a second cluster's first kubelet is the shared
+cluster's. The bench renews the node's Lease so the node lifecycle controller keeps it
+Ready, and the pods tolerate every taint; the pods are bound but never run (nothing is
+measured after the allocation). Reported per path: items/s, claim-to-allocated p50/p99 and
+the allocating process's RSS (dradriver-controller or kube-scheduler) before -> after, and
+the ratio controller claims/s / scheduler pods/s.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import shutil
 import tempfile
 import time
 import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from bench.common import percentile, table
+from bench.common import free_port, percentile, table
 from controller.allocation import ALLOCATION_ANNOTATION
 from controller.localcluster import ControllerProcess, controller_kubeconfig
 from dradriver.cluster.api import AdminAPI, wait_until
-from dradriver.cluster.config import Layout, default_state_dir
-from dradriver.cluster.local import running_cluster
+from dradriver.cluster.config import Layout, Ports
+from dradriver.cluster.local import ClusterState, running_cluster
 from dradriver.controllerruntime import Informer
 from dradriver.kube.client import KubeClient, load_connection
 from dradriver.kube.paths import RESOURCE_V1, path_for
@@ -43,6 +65,9 @@ R = RESOURCE_V1
 PER_SLICE = 128
 MODELS = ("a100", "h100", "l4", "t4")
 CONCURRENCY = 32
+NODE = "bench-ca-node"
+LEASE_RENEW = 5.0
+PAUSE_IMAGE = "registry.k8s.io/pause:3.10"
 
 
 def slices(driver: str, devices: int) -> list[Obj]:
@@ -73,13 +98,18 @@ def slices(driver: str, devices: int) -> list[Obj]:
     return out
 
 
-def claim(namespace: str, name: str, cls: str, driver: str, model: str) -> Obj:
+def claim_name(i: int) -> str:
+    return f"c-{i:04d}"
+
+
+def claim(
+    namespace: str, name: str, cls: str, driver: str, model: str, immediate: bool = True
+) -> Obj:
+    metadata: Obj = {"name": name, "namespace": namespace}
+    if immediate:
+        metadata["annotations"] = {ALLOCATION_ANNOTATION: "Immediate"}
     return {
-        "metadata": {
-            "name": name,
-            "namespace": namespace,
-            "annotations": {ALLOCATION_ANNOTATION: "Immediate"},
-        },
+        "metadata": metadata,
         "spec": {
             "devices": {
                 "requests": [
@@ -103,9 +133,58 @@ def claim(namespace: str, name: str, cls: str, driver: str, model: str) -> Obj:
     }
 
 
-async def run_claims(
-    kubeconfig: str, namespace: str, cls: str, driver: str, n: int, deadline: float
+def pod(namespace: str, name: str, claim: str) -> Obj:
+    """A pod whose only container uses the pre-created claim; it tolerates every taint."""
+    return {
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "containers": [
+                {"name": "c", "image": PAUSE_IMAGE, "resources": {"claims": [{"name": "r"}]}}
+            ],
+            "resourceClaims": [{"name": "r", "resourceClaimName": claim}],
+            "tolerations": [{"operator": "Exists"}],
+            "automountServiceAccountToken": False,
+            "terminationGracePeriodSeconds": 0,
+        },
+    }
+
+
+@dataclass
+class Result:
+    path: str
+    unit: str
+    sent: dict[str, float]  # claim name -> create sent (the claim's, or its pod's)
+    seen: dict[str, float]  # claim name -> allocation seen
+    rss_before: float
+    rss_after: float
+
+    @property
+    def rate(self) -> float:
+        return len(self.seen) / (max(self.seen.values()) - min(self.sent.values()))
+
+    def row(self) -> list[str]:
+        latencies = [self.seen[name] - self.sent[name] for name in self.seen]
+        return [
+            self.path,
+            f"{len(self.seen)} {self.unit}",
+            f"{self.rate:.1f} {self.unit}/s",
+            f"{percentile(latencies, 0.5) * 1000:.1f}",
+            f"{percentile(latencies, 0.99) * 1000:.1f}",
+            f"{self.rss_before:.1f} -> {self.rss_after:.1f}",
+        ]
+
+
+async def measure(
+    kubeconfig: str,
+    namespace: str,
+    n: int,
+    deadline: float,
+    create: Callable[[KubeClient, int], Awaitable[None]],
 ) -> tuple[dict[str, float], dict[str, float]]:
+    """Run ``create(client, i)`` for i < n, 32 at a time, until claim i is allocated for all i.
+
+    Returns (create sent, allocation seen) per claim name; ``create`` sends one request.
+    """
     client = KubeClient(load_connection(kubeconfig), "bench-controller-allocation")
     sent: dict[str, float] = {}
     seen: dict[str, float] = {}
@@ -123,18 +202,16 @@ async def run_claims(
     informer.start()
     try:
         await informer.wait_for_sync()
+        if seen:
+            raise RuntimeError(f"{len(seen)} claims in {namespace} are allocated already")
         gate = asyncio.Semaphore(CONCURRENCY)
 
-        async def create(i: int) -> None:
-            name = f"c-{i:04d}"
+        async def one(i: int) -> None:
             async with gate:
-                sent[name] = time.monotonic()
-                await client.create(
-                    path_for(R, "resourceclaims", namespace),
-                    claim(namespace, name, cls, driver, MODELS[i % len(MODELS)]),
-                )
+                sent[claim_name(i)] = time.monotonic()
+                await create(client, i)
 
-        await asyncio.gather(*(create(i) for i in range(n)))
+        await asyncio.gather(*(one(i) for i in range(n)))
         async with asyncio.timeout(deadline):
             await done.wait()
     finally:
@@ -150,13 +227,93 @@ def rss_mib(pid: int) -> float:
     return float("nan")
 
 
-def cleanup_claims(api: AdminAPI, namespace: str) -> None:
+def isolated_layout(root: Path) -> Layout:
+    """A cluster of its own: state under ``root``, free ports, and no kubelet (nodes=0)."""
+    picked: list[int] = []
+    while len(picked) < len(Ports().by_owner()):
+        port = free_port()
+        if port not in picked:
+            picked.append(port)
+    ports = Ports(*picked)
+    return Layout(
+        state_dir=root / "cluster",
+        kubelet_root=root / "kubelet",  # unused with nodes=0; never /var/lib/kubelet
+        node_name=NODE,
+        ports=ports,
+        nodes=0,
+    )
+
+
+def now_micro() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def create_node(api: AdminAPI, pods: int) -> None:
+    """A Ready Node without a kubelet, room for ``pods`` pods, and its Lease."""
+    api.create("/api/v1/nodes", {"metadata": {"name": NODE, "labels": {"bench": "ca"}}})
+    node = api.get(path_for("v1", "nodes", name=NODE))
+    room = {"cpu": "1000", "memory": "1000Gi", "pods": str(pods)}
+    node["status"] = {
+        "capacity": room,
+        "allocatable": room,
+        "conditions": [
+            {
+                "type": "Ready",
+                "status": "True",
+                "reason": "KubeletReady",
+                "message": "benchmark node without a kubelet",
+                "lastHeartbeatTime": now_micro()[:19] + "Z",
+                "lastTransitionTime": now_micro()[:19] + "Z",
+            }
+        ],
+    }
+    api.request("PUT", path_for("v1", "nodes", name=NODE) + "/status", json=node)
+    api.create(
+        path_for("coordination.k8s.io/v1", "leases", "kube-node-lease"),
+        {
+            "metadata": {"name": NODE},
+            "spec": {
+                "holderIdentity": NODE,
+                "leaseDurationSeconds": 40,
+                "renewTime": now_micro(),
+            },
+        },
+    )
+
+
+async def renew_lease(kubeconfig: str, stop: asyncio.Event) -> None:
+    client = KubeClient(load_connection(kubeconfig), "bench-controller-allocation-lease")
+    path = path_for("coordination.k8s.io/v1", "leases", "kube-node-lease", NODE)
+    try:
+        while not stop.is_set():
+            await client.merge_patch(path, {"spec": {"renewTime": now_micro()}})
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), LEASE_RENEW)
+    finally:
+        await client.aclose()
+
+
+def delete_claims(api: AdminAPI, namespace: str) -> None:
     api.request("DELETE", path_for(R, "resourceclaims", namespace))  # deletecollection
     wait_until(
         "claims deallocated and deleted",
         lambda: not api.items(path_for(R, "resourceclaims", namespace), limit=1),
         600,
     )
+
+
+def delete_pods(api: AdminAPI, namespace: str) -> None:
+    # No kubelet confirms a graceful deletion: grace period 0 removes the pods at once.
+    api.request("DELETE", path_for("v1", "pods", namespace), params={"gracePeriodSeconds": 0})
+    wait_until(
+        "pods deleted",
+        lambda: not api.items(path_for("v1", "pods", namespace), limit=1),
+        120,
+    )
+
+
+def component_pid(state: ClusterState, name: str) -> int:
+    return next(c.pid for c in state.components if c.name == name)
 
 
 def main() -> None:
@@ -172,13 +329,18 @@ def main() -> None:
     driver = f"bca-{bench_id}.bench.dradriver.dev"
     cls = f"bca-{bench_id}"
     namespace = f"bench-ca-{bench_id}"
-    layout = Layout(state_dir=default_state_dir())
+    n = args.claims
     work = Path(tempfile.mkdtemp(prefix="bench-ca-"))
-    with running_cluster(layout) as (cluster, state, _started), cluster.api() as api:
-        published = slices(driver, args.devices)
-        proc: ControllerProcess | None = None
-        api.create_namespace(namespace)
-        try:
+    layout = isolated_layout(work)
+    print(
+        f"starting an isolated cluster (state {layout.state_dir}, apiserver {layout.apiserver_url})"
+    )
+    ok = False
+    try:
+        with running_cluster(layout) as (cluster, state, _started), cluster.api() as api:
+            kubeconfig = str(state.kubeconfig)
+            published = slices(driver, args.devices)
+            api.create_namespace(namespace)
             api.create(
                 path_for(R, "deviceclasses"),
                 {
@@ -190,10 +352,14 @@ def main() -> None:
             )
             for obj in published:
                 api.create(path_for(R, "resourceslices"), obj)
-            kubeconfig = controller_kubeconfig(api, cluster, work)
+
+            def model(i: int) -> str:
+                return MODELS[i % len(MODELS)]
+
+            # Phase 1: dradriver-controller, immediate allocation.
             proc = ControllerProcess(
                 f"bench-{bench_id}",
-                kubeconfig,
+                controller_kubeconfig(api, cluster, work),
                 work,
                 extra_args=[
                     "--no-leader-elect",
@@ -203,47 +369,97 @@ def main() -> None:
                 ],
             )
             proc.start()
-            wait_until("controller ready", proc.ready, 120)
-            assert proc.proc is not None
-            rss_before = rss_mib(proc.proc.pid)
-            sent, seen = asyncio.run(
-                run_claims(
-                    str(state.kubeconfig), namespace, cls, driver, args.claims, args.deadline
+            try:
+                wait_until("controller ready", proc.ready, 120)
+                assert proc.proc is not None
+                pid = proc.proc.pid
+                before = rss_mib(pid)
+
+                async def create_claim(client: KubeClient, i: int) -> None:
+                    await client.create(
+                        path_for(R, "resourceclaims", namespace),
+                        claim(namespace, claim_name(i), cls, driver, model(i)),
+                    )
+
+                sent, seen = asyncio.run(
+                    measure(kubeconfig, namespace, n, args.deadline, create_claim)
                 )
+                controller = Result(
+                    "dradriver-controller (claims)", "claims", sent, seen, before, rss_mib(pid)
+                )
+                delete_claims(api, namespace)  # while it runs: it removes its finalizer
+            finally:
+                proc.stop()
+
+            # Phase 2: kube-scheduler through pods, same claims, same free inventory.
+            create_node(api, n + 100)
+            for i in range(n):
+                api.create(
+                    path_for(R, "resourceclaims", namespace),
+                    claim(namespace, claim_name(i), cls, driver, model(i), immediate=False),
+                )
+            sched_pid = component_pid(state, "kube-scheduler")
+            before = rss_mib(sched_pid)
+
+            async def create_pod(client: KubeClient, i: int) -> None:
+                await client.create(
+                    path_for("v1", "pods", namespace),
+                    pod(namespace, f"p-{i:04d}", claim_name(i)),
+                )
+
+            async def scheduler_phase() -> tuple[dict[str, float], dict[str, float]]:
+                stop = asyncio.Event()
+                renewer = asyncio.create_task(renew_lease(kubeconfig, stop))
+                try:
+                    return await measure(kubeconfig, namespace, n, args.deadline, create_pod)
+                finally:
+                    stop.set()
+                    await renewer
+
+            sent, seen = asyncio.run(scheduler_phase())
+            scheduler = Result(
+                "kube-scheduler (pods)", "pods", sent, seen, before, rss_mib(sched_pid)
             )
-            rss_after = rss_mib(proc.proc.pid)
-            latencies = [seen[name] - sent[name] for name in seen]
-            elapsed = max(seen.values()) - min(sent.values())
+            bound = sum(
+                1
+                for p in api.items(path_for("v1", "pods", namespace))
+                if p["spec"].get("nodeName") == NODE
+            )
+            delete_pods(api, namespace)
+            delete_claims(api, namespace)
+
             print(
-                f"\nController allocation: {args.claims} immediate claims over {args.devices} "
-                f"devices ({len(published)} slices, CEL selectors), {args.workers} workers\n"
+                f"\nAllocation of {n} claims (1 device each, CEL selector on `model`) over "
+                f"{args.devices} devices ({len(published)} allNodes slices), isolated cluster\n"
             )
             print(
                 table(
-                    ["path", "claims", "claims/s", "p50 ms", "p99 ms", "controller RSS MiB"],
-                    [
-                        [
-                            "dradriver-controller",
-                            str(len(seen)),
-                            f"{len(seen) / elapsed:.1f}",
-                            f"{percentile(latencies, 0.5) * 1000:.1f}",
-                            f"{percentile(latencies, 0.99) * 1000:.1f}",
-                            f"{rss_before:.1f} -> {rss_after:.1f}",
-                        ],
-                        ["kube-scheduler via pods", "n/a", "not measured", "", "", ""],
-                    ],
+                    ["path", "allocated", "rate", "p50 ms", "p99 ms", "process RSS MiB"],
+                    [controller.row(), scheduler.row()],
                 )
             )
-        finally:
-            if proc is not None:
-                if proc.proc is not None:
-                    cleanup_claims(api, namespace)  # the controller removes its finalizer
-                proc.stop()
-            for obj in published:
-                api.delete(path_for(R, "resourceslices", name=obj["metadata"]["name"]))
-            api.delete(path_for(R, "deviceclasses", name=cls))
-            api.delete(path_for("v1", "namespaces", name=namespace))
+            print(
+                f"\nratio: controller claims/s / scheduler pods/s = "
+                f"{controller.rate / scheduler.rate:.2f}x"
+            )
+            print(
+                "\ncontroller: immediate claims (annotation), "
+                f"{args.workers} workers; time = claim create sent -> allocation seen.\n"
+                "scheduler: the cluster's kube-scheduler (defaults: client QPS 50, burst 100),\n"
+                "one pod per pre-created claim (resourceClaimName) on a kubelet-less node with\n"
+                f"allocatable pods {n + 100} (a kubelet's maxPods 110 would stop NodeResourcesFit\n"
+                "before DRA); time = pod create sent -> claim allocation seen (written in\n"
+                "PreBind, before binding). Pods bound right after the last allocation: "
+                f"{bound}/{n}.\n"
+                "RSS = the allocating process (dradriver-controller / kube-scheduler), "
+                "before -> after."
+            )
+        ok = True
+    finally:
+        if ok:
             shutil.rmtree(work, ignore_errors=True)
+        else:
+            print(f"kept {work} (controller log, last cluster logs in cluster-last-logs/)")
 
 
 if __name__ == "__main__":

@@ -4,8 +4,11 @@ It starts (or reuses) the local cluster, runs dradriver's kubelet plugin for
 node-1 with four mock devices, and creates three pods: one with its own claim
 (from a template) and two sharing one claim. For every pod it prints when its
 claim was allocated, prepared and the pod started, then what each container
-gets from the CDI specs the plugin wrote. Finally it deletes the pods, shows
-the devices being released, and stops what it started.
+gets from the CDI specs the plugin wrote, and deletes the pods, showing the
+devices being released. Then dradriver-controller joins
+(:mod:`dradriver.democontroller`): an immediate claim, a network-attached device
+with its binding condition, and ``dradriver explain`` of a claim that cannot be
+allocated. Finally it stops what it started.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from dradriver.cluster.config import Layout
 from dradriver.cluster.kubeletstate import device_plugin_devices, kubelet_cdi_ids
 from dradriver.cluster.local import LocalCluster, running_cluster
 from dradriver.cluster.nodeplugin import NodePlugin, start_node_plugin, wait_for_slices
+from dradriver.democontroller import run_controller_demo
 from dradriver.kube.paths import RESOURCE_V1
 
 NAMESPACE = "dradriver-demo"
@@ -44,10 +48,12 @@ class Timeline:
         print(f"{time.monotonic() - self.start:7.2f}s  {text}", flush=True)
 
 
-def _pod(name: str, claim_ref: Obj, containers: list[str]) -> Obj:
+def _pod(name: str, claim_ref: Obj, containers: list[str], node: str) -> Obj:
     return {
         "metadata": {"name": name},
         "spec": {
+            # On a reused multi-node cluster, stay where the demo's plugin runs.
+            "nodeSelector": {"kubernetes.io/hostname": node},
             "terminationGracePeriodSeconds": 0,
             "resourceClaims": [{"name": "dev", **claim_ref}],
             "containers": [
@@ -123,7 +129,11 @@ def _scenario(
 
         wait_until(f"{LEGACY_RESOURCE} in the node's allocatable", legacy_allocatable, 60)
         timeline.say(f"device plugin registered: {node} allocatable {LEGACY_RESOURCE}: 1 (dev-3)")
-        return _workloads(cluster, api, plugin, timeline, timeout)
+        code = _workloads(cluster, api, plugin, timeline, timeout)
+        if code != 0:
+            return code
+        print("\nThe control plane: dradriver-controller\n", flush=True)
+        return run_controller_demo(cluster, api, plugin, timeline.say, timeout)
     finally:
         plugin.stop()
         timeline.say("plugin stopped")
@@ -132,6 +142,7 @@ def _scenario(
 def _workloads(
     cluster: LocalCluster, api: AdminAPI, plugin: NodePlugin, timeline: Timeline, timeout: float
 ) -> int:
+    node = cluster.layout.node_name
     if api.get_or_none(path_for("v1", "namespaces", name=NAMESPACE)):
         api.delete(path_for("v1", "namespaces", name=NAMESPACE))
         wait_until(
@@ -149,9 +160,11 @@ def _workloads(
         {"metadata": {"name": "shared"}, "spec": _one_device_spec()},
     )
     pods = {
-        "solo": _pod("solo", {"resourceClaimTemplateName": "one-device"}, ["main", "sidecar"]),
-        "shared-a": _pod("shared-a", {"resourceClaimName": "shared"}, ["main"]),
-        "shared-b": _pod("shared-b", {"resourceClaimName": "shared"}, ["main"]),
+        "solo": _pod(
+            "solo", {"resourceClaimTemplateName": "one-device"}, ["main", "sidecar"], node
+        ),
+        "shared-a": _pod("shared-a", {"resourceClaimName": "shared"}, ["main"], node),
+        "shared-b": _pod("shared-b", {"resourceClaimName": "shared"}, ["main"], node),
     }
     for pod in pods.values():
         api.create(path_for("v1", "pods", NAMESPACE), pod)
@@ -161,6 +174,7 @@ def _workloads(
         {
             "metadata": {"name": "legacy"},
             "spec": {
+                "nodeSelector": {"kubernetes.io/hostname": node},
                 "terminationGracePeriodSeconds": 0,
                 "containers": [{"name": "main", "image": PAUSE, "resources": legacy_limits}],
             },
