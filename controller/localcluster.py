@@ -7,9 +7,13 @@ RBAC, so a missing permission fails here as it would in a cluster.
 
 from __future__ import annotations
 
+import contextlib
+import shutil
 import ssl
 import subprocess
 import sys
+import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -272,3 +276,29 @@ def register_webhook(
 def unregister_webhook(api: AdminAPI, name: str = "dradriver-webhook") -> None:
     """Delete the ValidatingWebhookConfiguration :func:`register_webhook` made."""
     api.delete(f"{WEBHOOK_CONFIGURATIONS}/{name}")
+
+
+@contextlib.contextmanager
+def namespaced_controller(
+    api: AdminAPI,
+    cluster: LocalCluster,
+    namespace: str,
+    name: str = "test",
+    timeout: float = 60,
+) -> Iterator[ControllerProcess]:
+    """One ready controller (no leader election) acting only on claims in ``namespace``,
+    with the manifests' RBAC; stopped and its work dir removed on exit."""
+    workdir = Path(tempfile.mkdtemp(prefix=f"dradriver-{name}-"))
+    proc = ControllerProcess(
+        f"{name}-{namespace}",
+        controller_kubeconfig(api, cluster, workdir),
+        workdir,
+        extra_args=["--no-leader-elect", f"--allocation-namespace={namespace}"],
+    )
+    proc.start()
+    try:
+        wait_until("controller ready", proc.ready, timeout)
+        yield proc
+    finally:
+        proc.stop()
+        shutil.rmtree(workdir, ignore_errors=True)

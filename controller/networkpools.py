@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -153,6 +154,9 @@ class NetworkPoolReconciler:
         self.events = events or EventRecorder(client)
         self.api_version = f"{driver}/{net.VERSION}"
         self._backends: dict[str, tuple[str, AttachBackend]] = {}
+        # (pool, device) -> monotonic time its attach-failed taint ends (in memory: a new
+        # leader starts without taints, which only costs one more failed attempt).
+        self.cooldown: dict[tuple[str, str], float] = {}
         self.failures: dict[str, int] = {}
         self.attached_total = 0
         self.attach_failures_total = 0
@@ -229,22 +233,43 @@ class NetworkPoolReconciler:
                     }
                 },
             )
-        if not deleting:
-            await self._publish(key, obj, spec)
         errors = await self._sync_attachments(key, obj, spec, deleting)
-        if deleting and not errors:
-            await self._drop_finalizer(key, self.pools.get(key) or obj)
+        if deleting:
+            if not errors:
+                await self._drop_finalizer(key, self.pools.get(key) or obj)
+        else:
+            # After attaching: a failure there taints the device in the slices.
+            await self._publish(key, obj, spec)
+        cooling_ends = self._cooling(key).values()
         if errors:
             delay = self._backoff(key)
-            raise RequeueAfter(delay, "; ".join(errors)[:500])
+            raise RequeueAfter(min([delay, *cooling_ends]), "; ".join(errors)[:500])
         self.failures.pop(key, None)
+        if cooling_ends:
+            raise RequeueAfter(min(cooling_ends), "a device's attach-failed taint expires")
 
     def _path(self, name: str, sub: str = "") -> str:
         return path_for(self.api_version, net.PLURAL, None, name) + sub
 
+    def _cooling(self, key: str) -> dict[str, float]:
+        """Devices of pool ``key`` in their attach-failure cooldown: seconds left."""
+        now = time.monotonic()
+        out = {}
+        for (pool, device), until in list(self.cooldown.items()):
+            if until <= now:
+                del self.cooldown[(pool, device)]
+            elif pool == key:
+                out[device] = until - now
+        return out
+
     async def _publish(self, key: str, obj: Obj, spec: net.NetworkDevicePoolSpec) -> None:
         desired = net.build_slices(
-            self.driver, key, spec, int(meta(obj).get("generation") or 1), meta(obj)["uid"]
+            self.driver,
+            key,
+            spec,
+            int(meta(obj).get("generation") or 1),
+            meta(obj)["uid"],
+            cooling=self._cooling(key),
         )
         pool = net.pool_name(key)
         existing = {
@@ -379,6 +404,9 @@ class NetworkPoolReconciler:
             else:
                 failed[w.device] = str(result)
                 errors.append(f"attach {w.device} to {w.node}: {result}")
+                if spec.attach.failure_cooldown_seconds:
+                    until = time.monotonic() + spec.attach.failure_cooldown_seconds
+                    self.cooldown[(key, w.device)] = until
         for device in wanted:
             if device not in known:
                 failed[device] = f"device {device} is not (any more) in NetworkDevicePool {key}"

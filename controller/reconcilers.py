@@ -51,6 +51,7 @@ from dradriver.allocator import (
     explain,
     summarize,
 )
+from dradriver.claimannotations import CONFLICT_ANNOTATION
 from dradriver.controllerruntime import Informer, RequeueAfter, split_key
 from dradriver.kube.client import KubeAPIError, KubeClient
 from dradriver.kube.paths import RESOURCE_V1, path_for
@@ -239,6 +240,7 @@ class AllocationStats:
     deallocated: int = 0
     fences_allocated: int = 0  # fence allocation writes (creations and pulses)
     fences_deleted: int = 0
+    held: int = 0  # claims held after a conflict (not cleared while the device is shared)
 
 
 class ClaimReconciler:
@@ -274,6 +276,7 @@ class ClaimReconciler:
         max_defer: float = 10.0,
         quiet_period: float = 0.3,
         fence_namespace: str = "dradriver",
+        removal_quiet: float = 2.0,
     ) -> None:
         self.client = client
         self.driver = driver
@@ -291,6 +294,8 @@ class ClaimReconciler:
         self.deferred: dict[str, float] = {}  # key -> when we first waited for the scheduler
         self.quiet_period = quiet_period
         self.last_pod_activity = -float("inf")  # monotonic time a pod with claims last changed
+        self.removal_quiet = removal_quiet
+        self.last_removal = -float("inf")  # monotonic time a claim last let go of devices
         if pending_pods is not None:
             pending_pods.add_handler(
                 on_add=self._pod_changed,
@@ -416,6 +421,33 @@ class ClaimReconciler:
             busy.append(claim_key(pod))
         return busy
 
+    def scheduler_quiet(self) -> tuple[bool, str]:
+        """Whether clearing an allocation now is unlikely to race with a scheduling cycle.
+
+        kube-scheduler 1.36 keeps allocated devices in a plain set (added when a claim's
+        allocation appears, removed when it is cleared or the claim deleted). A removal
+        the scheduler sees after another claim took the same device makes it forget that
+        the device is taken. Removals re-queue its unschedulable pods, so: no pod waiting
+        for a first verdict, and ``removal_quiet`` seconds since the last removal.
+        """
+        busy = self.scheduler_busy()
+        if busy:
+            return False, f"pods being scheduled: {busy[:3]}"
+        since = time.monotonic() - self.last_removal
+        if since < self.removal_quiet:
+            return False, f"a device was freed {since:.1f}s ago"
+        return True, ""
+
+    def _other_holders(self, key: str, allocation: Obj) -> list[str]:
+        return sorted(
+            {
+                h
+                for d in fences.exclusive(allocation)
+                for h in fences.real_holders(d, self.state, self._is_fence_key)
+                if h != key
+            }
+        )
+
     # --- reconcile ----------------------------------------------------------------------
 
     def _lookup(self, namespace: str, name: str) -> Obj | None:
@@ -457,6 +489,8 @@ class ClaimReconciler:
             await self._failed(key, claim, request.error)
         if allocation:
             await self._check_conflicts(key, claim, allocation)
+            if CONFLICT_ANNOTATION in annotations_of(claim):
+                await self._release_held(key, claim, allocation)
             await self._settled(key, claim)
             return
         if key in self.inflight:
@@ -553,21 +587,46 @@ class ClaimReconciler:
                 f"{what}; this claim is in use, so it keeps its allocation",
             )
             return
+        # Hold, do not clear: clearing now would be a removal while the other claim
+        # still holds the device, which kube-scheduler's set would forget (see
+        # scheduler_quiet). The held claim is unusable (the node plugin refuses it).
+        message = f"{what}; held unused until the device is free, then allocated again"
+        if annotations_of(claim).get(CONFLICT_ANNOTATION) != what:
+            self._check_leader(key)
+            await self._patch(
+                key,
+                {
+                    "metadata": {
+                        "annotations": {CONFLICT_ANNOTATION: what, STATUS_ANNOTATION: message}
+                    }
+                },
+            )
+            self.stats.held += 1
+            log.warning("allocation conflict, holding the claim", claim=key, conflicts=what)
+            await self.events.emit(claim, "ResourceClaim", "Warning", "AllocationConflict", message)
+        raise RequeueAfter(2.0, "allocation conflict: waiting for the other claim")
+
+    async def _release_held(self, key: str, claim: Obj, allocation: Obj) -> None:
+        """A held claim whose devices no other claim holds: give it back, allocate again.
+
+        Only while the scheduler is quiet: the clear is a removal the scheduler applies
+        to its set, harmless now that nobody else holds the devices, unless a scheduling
+        cycle hands one out at the same moment.
+        """
+        quiet, why = self.scheduler_quiet()
+        if not quiet:
+            raise RequeueAfter(1.0, f"held claim waits for a quiet scheduler: {why}")
         self._check_leader(key)
+        # The marker goes first: a crash after it leaves an ordinary allocated claim,
+        # which the next pass checks for conflicts again.
+        claim = await self._patch(key, {"metadata": {"annotations": {CONFLICT_ANNOTATION: None}}})
         cleared = await self._clear_allocation(key, claim)
         if cleared is None:
             return
         await self._fence_after_removal(key, allocation, _rv(cleared))
         self.stats.yielded += 1
-        log.warning("allocation conflict, gave the allocation back", claim=key, conflicts=what)
-        await self.events.emit(
-            claim,
-            "ResourceClaim",
-            "Warning",
-            "AllocationConflict",
-            f"{what}; gave the allocation back, will allocate again",
-        )
-        raise RequeueAfter(self._backoff(key), "allocation conflict")
+        log.info("held claim gave its allocation back", claim=key)
+        raise RequeueAfter(0.1, "allocate the held claim again")
 
     # --- fences (see controller.fence) ----------------------------------------------------
 
@@ -589,6 +648,8 @@ class ClaimReconciler:
         enqueued; a device nobody but fences holds any more has those fences enqueued (to
         be deleted).
         """
+        if devices:
+            self.last_removal = time.monotonic()
         for device in devices:
             holders = [h for h in self.state.dedicated.get(device, []) if h != key]
             real = [h for h in holders if not self._is_fence_key(h)]
@@ -676,6 +737,10 @@ class ClaimReconciler:
                             self.fence_marks.forget(d)
                     log.debug("fence unchanged", fence=key, reason=decision.reason)
                     return f"unchanged: {decision.reason}"
+                if action is fences.Action.DELETE:
+                    quiet, why = self.scheduler_quiet()
+                    if not quiet:  # its removal must not race a scheduling cycle either
+                        raise RequeueAfter(1.0, f"fence deletion waits: {why}")
                 self._check_leader(key)
                 try:
                     if action is fences.Action.DELETE:
@@ -787,8 +852,15 @@ class ClaimReconciler:
             raise RequeueAfter(
                 2.0, f"claim {key} is still reserved by {len(consumers)} consumer(s)"
             )
-        self._check_leader(key)
         allocation = allocation_of(claim)
+        if allocation:
+            others = self._other_holders(key, allocation)
+            if others:
+                raise RequeueAfter(2.0, f"devices also held by {others[:3]}: not clearing yet")
+            quiet, why = self.scheduler_quiet()
+            if not quiet:
+                raise RequeueAfter(1.0, f"deallocation waits for a quiet scheduler: {why}")
+        self._check_leader(key)
         if allocation:
             cleared = await self._clear_allocation(key, claim)
             if cleared is None:

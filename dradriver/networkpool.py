@@ -16,14 +16,11 @@ test fails when the committed file drifts), like :mod:`dradriver.parameters`.
 
 from __future__ import annotations
 
-import argparse
-import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import yaml
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -34,12 +31,13 @@ from pydantic import (
 )
 
 from dradriver import DEFAULT_DRIVER_NAME
+from dradriver.crdgen import CRDKind
 from dradriver.devices import names
 from dradriver.devices.attributes import attribute_value
 from dradriver.devices.config import format_location
 from dradriver.devices.quantity import QuantityError, parse_quantity
-from dradriver.devices.slices import MAX_DEVICES_PER_SLICE
-from dradriver.parameters import ENV_NAME_PATTERN, MAX_ENV, structural
+from dradriver.devices.slices import MAX_DEVICES_PER_SLICE_WITH_TAINTS_OR_COUNTERS
+from dradriver.parameters import ENV_NAME_PATTERN, MAX_ENV
 
 VERSION = "v1alpha1"
 KIND = "NetworkDevicePool"
@@ -249,6 +247,15 @@ class AttachSpec(_Strict):
     backend: Literal["simulated", "exec"] = Field(description="simulated or exec.")
     simulated: SimulatedBackend | None = None
     exec_: ExecBackend | None = Field(default=None, alias="exec")
+    failure_cooldown_seconds: float = Field(
+        default=60,
+        ge=0,
+        le=3600,
+        alias="failureCooldownSeconds",
+        description="After a failed attach the device carries a NoSchedule taint "
+        "<driver>/attach-failed for this long, so the scheduler picks another device "
+        "(needs DRADeviceTaints, on by default from 1.36); 0 disables.",
+    )
 
     @model_validator(mode="after")
     def _settings_match(self) -> AttachSpec:
@@ -351,8 +358,17 @@ def _selector(selector: NodeSelector | None) -> dict[str, Any] | None:
     return None if selector is None else selector.model_dump(by_alias=True, exclude_defaults=True)
 
 
+def attach_failed_taint(driver: str) -> dict[str, Any]:
+    """Put on a device whose attach just failed, for the pool's failure cooldown."""
+    return {"key": f"{driver}/attach-failed", "value": "cooldown", "effect": "NoSchedule"}
+
+
 def api_device(
-    driver: str, device: NetworkDevice, per_device: bool, pool: NodeSelector | None
+    driver: str,
+    device: NetworkDevice,
+    per_device: bool,
+    pool: NodeSelector | None,
+    cooling: bool = False,
 ) -> dict[str, Any]:
     out: dict[str, Any] = {"name": device.name}
     if device.attributes:
@@ -369,6 +385,8 @@ def api_device(
             out["allNodes"] = True
         else:
             out["nodeSelector"] = selector
+    if cooling:
+        out["taints"] = [attach_failed_taint(driver)]
     out["bindsToNode"] = True
     out["bindingConditions"] = [attached_condition(driver)]
     out["bindingFailureConditions"] = [attach_failed_condition(driver)]
@@ -380,18 +398,26 @@ def slice_name(driver: str, pool: str, index: int) -> str:
 
 
 def build_slices(
-    driver: str, pool: str, spec: NetworkDevicePoolSpec, generation: int, owner_uid: str
+    driver: str,
+    pool: str,
+    spec: NetworkDevicePoolSpec,
+    generation: int,
+    owner_uid: str,
+    cooling: Collection[str] = (),
 ) -> list[dict[str, Any]]:
-    """The ResourceSlices of pool ``pool`` (its object name), owned by the pool object."""
+    """The ResourceSlices of pool ``pool`` (its object name), owned by the pool object.
+
+    ``cooling``: devices whose attach failed recently; they get the attach-failed taint.
+    Slices always hold at most the tainted-slice limit, so a taint coming or going
+    rewrites one slice in place instead of moving devices between slices.
+    """
     per_device = any(d.node_selector is not None for d in spec.devices)
     devices = [
-        api_device(driver, d, per_device, spec.node_selector)
+        api_device(driver, d, per_device, spec.node_selector, d.name in cooling)
         for d in sorted(spec.devices, key=lambda d: d.name)
     ]
-    chunks = [
-        devices[i : i + MAX_DEVICES_PER_SLICE]
-        for i in range(0, len(devices), MAX_DEVICES_PER_SLICE)
-    ]
+    size = MAX_DEVICES_PER_SLICE_WITH_TAINTS_OR_COUNTERS
+    chunks = [devices[i : i + size] for i in range(0, len(devices), size)]
     reach: dict[str, Any]
     if per_device:
         reach = {"perDeviceNodeSelection": True}
@@ -489,89 +515,40 @@ def attachment_of(
 
 # --- CRD --------------------------------------------------------------------------------
 
-
-def openapi_schema() -> dict[str, Any]:
-    return {
-        "type": "object",
-        "description": "Devices reachable over a network fabric, published by dradriver's "
-        "controller as ResourceSlices that span nodes; attached to a node on allocation.",
-        "required": ["spec"],
-        "properties": {
-            "apiVersion": {"type": "string"},
-            "kind": {"type": "string"},
-            "metadata": {"type": "object"},
-            "spec": structural(
-                NetworkDevicePoolSpec.model_json_schema(by_alias=True, mode="validation")
-            ),
-            "status": structural(
-                NetworkDevicePoolStatus.model_json_schema(by_alias=True, mode="validation")
-            ),
+CRD_KIND = CRDKind(
+    kind=KIND,
+    plural=PLURAL,
+    singular=SINGULAR,
+    scope="Cluster",
+    description="Devices reachable over a network fabric, published by dradriver's "
+    "controller as ResourceSlices that span nodes; attached to a node on allocation.",
+    spec_model=NetworkDevicePoolSpec,
+    status_model=NetworkDevicePoolStatus,
+    source="dradriver.networkpool",
+    file=CRD_FILE,
+    version=VERSION,
+    short_names=SHORT_NAMES,
+    printer_columns=(
+        {"name": "Backend", "type": "string", "jsonPath": ".spec.attach.backend"},
+        {
+            "name": "Published",
+            "type": "string",
+            "jsonPath": '.status.conditions[?(@.type=="Published")].status',
         },
-    }
+    ),
+)
 
 
 def crd(group: str = DEFAULT_DRIVER_NAME) -> dict[str, Any]:
-    return {
-        "apiVersion": "apiextensions.k8s.io/v1",
-        "kind": "CustomResourceDefinition",
-        "metadata": {"name": f"{PLURAL}.{group}"},
-        "spec": {
-            "group": group,
-            "scope": "Cluster",
-            "names": {
-                "kind": KIND,
-                "listKind": LIST_KIND,
-                "plural": PLURAL,
-                "singular": SINGULAR,
-                "shortNames": list(SHORT_NAMES),
-                "categories": ["dradriver"],
-            },
-            "versions": [
-                {
-                    "name": VERSION,
-                    "served": True,
-                    "storage": True,
-                    "subresources": {"status": {}},
-                    "additionalPrinterColumns": [
-                        {"name": "Backend", "type": "string", "jsonPath": ".spec.attach.backend"},
-                        {
-                            "name": "Published",
-                            "type": "string",
-                            "jsonPath": '.status.conditions[?(@.type=="Published")].status',
-                        },
-                        {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
-                    ],
-                    "schema": {"openAPIV3Schema": openapi_schema()},
-                }
-            ],
-        },
-    }
+    return CRD_KIND.crd(group)
 
 
 def crd_yaml(group: str = DEFAULT_DRIVER_NAME) -> str:
-    header = (
-        "# Generated from the pydantic models in dradriver/networkpool.py; do not edit.\n"
-        "# Regenerate: python -m dradriver.networkpool --write-crd\n"
-    )
-    return header + yaml.safe_dump(crd(group), sort_keys=False, width=100)
+    return CRD_KIND.crd_yaml(group)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m dradriver.networkpool")
-    parser.add_argument("--write-crd", action="store_true", help=f"write {CRD_FILE}")
-    parser.add_argument("--check", action="store_true", help="fail if the CRD file drifted")
-    args = parser.parse_args(argv)
-    text = crd_yaml()
-    if args.write_crd:
-        CRD_FILE.write_text(text)
-        return 0
-    if args.check:
-        if not CRD_FILE.exists() or CRD_FILE.read_text() != text:
-            print(f"{CRD_FILE} differs from the models; run --write-crd", file=sys.stderr)
-            return 1
-        return 0
-    sys.stdout.write(text)
-    return 0
+    return CRD_KIND.main(argv)
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ from typing import Any, Protocol
 from dradriver import networkpool as net
 from dradriver import pinnedparameters as pins
 from dradriver.cdi import CDIDevice, CDIRegistry
+from dradriver.claimannotations import CONFLICT_ANNOTATION
 from dradriver.claimlock import ClaimLocks
 from dradriver.containeredits import ContainerEdits
 from dradriver.hooks import Hook, HookError, run_hook
@@ -158,6 +159,12 @@ class NodeDriver:
         allocation = (obj.get("status") or {}).get("allocation")
         if not allocation:
             raise PrepareError(f"ResourceClaim {claim} is not allocated")
+        conflict = ((obj.get("metadata") or {}).get("annotations") or {}).get(CONFLICT_ANNOTATION)
+        if conflict:
+            raise PrepareError(
+                f"ResourceClaim {claim} is held by dradriver-controller after an allocation "
+                f"conflict ({conflict}); it is allocated again once the device is free"
+            )
         devices = allocation.get("devices") or {}
         results = [r for r in devices.get("results") or [] if r.get("driver") == self.driver_name]
         if not results:

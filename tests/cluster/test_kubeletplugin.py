@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import shutil
 import ssl
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,7 +16,7 @@ import pytest
 import yaml
 
 from controller.allocation import ALLOCATION_ANNOTATION
-from controller.localcluster import ControllerProcess, controller_kubeconfig, install_crds
+from controller.localcluster import install_crds, namespaced_controller
 from dradriver import parameters as params
 from dradriver.cdi import CDIDevice, CDIRegistry
 from dradriver.cluster.api import AdminAPI, path_for, wait_until
@@ -330,7 +328,7 @@ def test_controller_allocated_claim_shared_by_many_pods_is_set_up_once(
 ) -> None:
     """The controller's allocation path: one immediate claim, many consumers."""
     pods = 12
-    with running_controller(api, local_cluster, namespace):
+    with namespaced_controller(api, local_cluster, namespace, "kp"):
         api.create(
             path_for(R, "resourceclaims", namespace),
             {
@@ -397,7 +395,7 @@ def test_scheduler_allocated_claim_gets_referenced_parameters_pinned(
             },
         }
     }
-    with running_controller(api, local_cluster, namespace):
+    with namespaced_controller(api, local_cluster, namespace, "kp"):
         make_template(api, namespace, "ref", claim_spec("plain", config=[reference]))
         make_pod(api, namespace, "p", template="ref")
         wait_running(api, namespace, "p")
@@ -436,26 +434,6 @@ def test_scheduler_allocated_claim_gets_referenced_parameters_pinned(
             lambda: api.get_or_none(path_for(params_api, params.PLURAL, namespace, "fast")) is None,
             DEADLINE,
         )
-
-
-@contextlib.contextmanager
-def running_controller(
-    api: AdminAPI, local_cluster: LocalCluster, namespace: str
-) -> Iterator[ControllerProcess]:
-    workdir = Path(tempfile.mkdtemp(prefix="dradriver-kp-controller-"))
-    proc = ControllerProcess(
-        f"kp-{namespace}",
-        controller_kubeconfig(api, local_cluster, workdir),
-        workdir,
-        extra_args=["--no-leader-elect", f"--allocation-namespace={namespace}"],
-    )
-    proc.start()
-    try:
-        wait_until("controller ready", proc.ready, DEADLINE)
-        yield proc
-    finally:
-        proc.stop()
-        shutil.rmtree(workdir, ignore_errors=True)
 
 
 def test_two_containers_of_one_pod_share_a_claim(

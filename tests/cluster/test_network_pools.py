@@ -8,7 +8,6 @@ chosen node preparing the attached device.
 from __future__ import annotations
 
 import shutil
-import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,7 +17,7 @@ import pytest
 import yaml
 
 from controller.allocation import ALLOCATION_ANNOTATION
-from controller.localcluster import ControllerProcess, controller_kubeconfig
+from controller.localcluster import ControllerProcess, namespaced_controller
 from dradriver import networkpool as net
 from dradriver.cluster.api import AdminAPI, path_for, wait_until
 from dradriver.cluster.local import LocalCluster
@@ -64,30 +63,27 @@ def plugins(local_cluster: LocalCluster) -> Iterator[dict[str, NodePlugin]]:
 def controller(
     api: AdminAPI, local_cluster: LocalCluster, namespace: str
 ) -> Iterator[ControllerProcess]:
-    workdir = Path(tempfile.mkdtemp(prefix="dradriver-np-"))
-    proc = ControllerProcess(
-        f"np-{namespace}",
-        controller_kubeconfig(api, local_cluster, workdir),
-        workdir,
-        extra_args=["--no-leader-elect", f"--allocation-namespace={namespace}"],
-    )
-    proc.start()
-    try:
-        wait_until("controller ready", proc.ready, DEADLINE)
+    with namespaced_controller(api, local_cluster, namespace, "np") as proc:
         yield proc
-    finally:
-        proc.stop()
-        shutil.rmtree(workdir, ignore_errors=True)
 
 
 class Fabric:
     """One NetworkDevicePool reachable from node-2 only, and a DeviceClass for it."""
 
-    def __init__(self, api: AdminAPI, namespace: str, fail: list[str] | None = None) -> None:
+    def __init__(
+        self,
+        api: AdminAPI,
+        namespace: str,
+        fail: list[str] | None = None,
+        devices: int = 1,
+        cooldown: float = 0,
+    ) -> None:
         self.api = api
         self.namespace = namespace
         self.name = f"np-{uuid.uuid4().hex[:8]}"
         self.fail = fail or []
+        self.devices = devices
+        self.cooldown = cooldown
 
     def spec(self) -> Obj:
         return {
@@ -103,13 +99,15 @@ class Fabric:
             "attach": {
                 "backend": "simulated",
                 "simulated": {"latencySeconds": 0.5, "failDevices": self.fail},
+                "failureCooldownSeconds": self.cooldown,
             },
             "devices": [
                 {
-                    "name": "nic-0",
+                    "name": f"nic-{i}",
                     "attributes": {"kind": {"string": self.name}},
-                    "env": {"FABRIC_PORT": "7"},
+                    "env": {"FABRIC_PORT": str(7 + i)},
                 }
+                for i in range(self.devices)
             ],
         }
 
@@ -318,14 +316,17 @@ def test_attach_failure_sends_the_pod_back_to_scheduling(
         [event] = wait_until("AttachFailed event on the pod", failure_reported, DEADLINE)[:1]
         assert "simulated attach failure" in event["message"] and "nic-0" in event["message"]
 
-        def deallocated() -> bool:
-            # The scheduler gave up the binding and freed the claim for another attempt.
-            claims = fabric.claims()
-            return bool(claims) and all(
-                not (c.get("status") or {}).get("allocation") for c in claims
-            )
+        allocations: set[str | None] = set()
 
-        wait_until("claim deallocated by the scheduler", deallocated, DEADLINE)
+        def sent_back() -> bool:
+            # The scheduler gave up the binding and freed the claim for another attempt:
+            # seen as a moment without allocation or as a second, newer allocation.
+            for c in fabric.claims():
+                allocation = (c.get("status") or {}).get("allocation")
+                allocations.add(allocation.get("allocationTimestamp") if allocation else None)
+            return None in allocations or len(allocations) > 1
+
+        wait_until("claim given up and retried by the scheduler", sent_back, DEADLINE)
         assert not fabric.get_pod("user")["spec"].get("nodeName")
         assert not fabric.attachments()
 
@@ -340,6 +341,39 @@ def test_attach_failure_sends_the_pod_back_to_scheduling(
             headers={"Content-Type": "application/merge-patch+json"},
         )
         wait_until("pod running", lambda: running(fabric.get_pod("user")), DEADLINE * 2)
+        api.request(
+            "DELETE", path_for("v1", "pods", namespace, "user"), json={"gracePeriodSeconds": 0}
+        )
+        wait_until("detached", lambda: not fabric.attachments(), DEADLINE)
+        fabric.delete_pool()
+
+
+def test_failed_device_is_tainted_so_the_pod_gets_another(
+    api: AdminAPI,
+    namespace: str,
+    controller: ControllerProcess,
+    plugins: dict[str, NodePlugin],
+) -> None:
+    with Fabric(api, namespace, fail=["nic-0"], devices=2, cooldown=60) as fabric:
+        wait_until("network slice published", fabric.slices, DEADLINE)
+        fabric.claim_template()
+        fabric.pod("user", {"resourceClaimTemplateName": "nic"})  # first fit: nic-0
+
+        def tainted() -> list[Obj]:
+            [slice_] = fabric.slices()
+            return [d for d in slice_["spec"]["devices"] if d.get("taints")]
+
+        [device] = wait_until("nic-0 tainted after its attach failed", tainted, DEADLINE)
+        assert device["name"] == "nic-0"
+        assert device["taints"][0]["key"] == f"{DRIVER}/attach-failed"
+        assert device["taints"][0]["effect"] == "NoSchedule"
+        wait_until("pod running", lambda: fabric.running_pod("user"), DEADLINE)
+        [claim] = fabric.claims()
+        assert [r["device"] for r in claim["status"]["allocation"]["devices"]["results"]] == [
+            "nic-1"
+        ]
+        reasons = [e["reason"] for e in fabric.events("Pod", "user")]
+        assert "AttachFailed" in reasons
         api.request(
             "DELETE", path_for("v1", "pods", namespace, "user"), json={"gracePeriodSeconds": 0}
         )

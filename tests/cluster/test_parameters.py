@@ -16,6 +16,7 @@ from controller.localcluster import (
     ControllerProcess,
     controller_kubeconfig,
     install_crds,
+    namespaced_controller,
 )
 from dradriver import parameters as params
 from dradriver.cluster.api import AdminAPI, APIError, path_for, wait_until
@@ -221,19 +222,8 @@ def allocating(
     api: AdminAPI, local_cluster: LocalCluster, namespace: str, workdir: Path
 ) -> Iterator[ControllerProcess]:
     """One controller (no leader election) allocating in the test's namespace."""
-    kubeconfig = controller_kubeconfig(api, local_cluster, workdir)
-    proc = ControllerProcess(
-        f"params-{namespace}",
-        kubeconfig,
-        workdir,
-        extra_args=["--no-leader-elect", f"--allocation-namespace={namespace}"],
-    )
-    proc.start()
-    try:
-        wait_until("controller ready", proc.ready, DEADLINE)
+    with namespaced_controller(api, local_cluster, namespace, "params", DEADLINE) as proc:
         yield proc
-    finally:
-        proc.stop()
 
 
 def reference(name: str) -> list[Obj]:

@@ -12,9 +12,10 @@ from typing import Any, cast
 import pytest
 
 from controller import fence
-from controller.allocation import FINALIZER
+from controller.allocation import ALLOCATION_ANNOTATION, FINALIZER
 from controller.reconcilers import ClaimReconciler
 from dradriver.allocator import AllocatedState, DeviceID
+from dradriver.claimannotations import CONFLICT_ANNOTATION
 from dradriver.controllerruntime import RequeueAfter
 from dradriver.kube.client import KubeAPIError
 
@@ -284,9 +285,14 @@ class FakeAPI:
                 status["allocation"] = copy.deepcopy(allocation)
             what = "allocate" if allocation else "clear"
         else:
-            obj["metadata"].update(
-                {k: v for k, v in body["metadata"].items() if k != "resourceVersion"}
-            )
+            for k, v in body["metadata"].items():
+                if k == "resourceVersion":
+                    continue
+                if isinstance(v, dict):  # JSON merge patch: maps merge, None deletes
+                    merged = {**(obj["metadata"].get(k) or {}), **v}
+                    obj["metadata"][k] = {n: x for n, x in merged.items() if x is not None}
+                else:
+                    obj["metadata"][k] = v
             what = "patch"
         self.writes.append((what, key, self._bump(obj)))
         return copy.deepcopy(obj)
@@ -340,42 +346,62 @@ class Rig:
         return self.api.objs.get(fence.fence_key(FNS, D))
 
 
-def test_give_back_writes_the_fence_after_the_clear_and_it_goes_with_the_holder() -> None:
+def test_conflict_holds_our_claim_and_the_device_is_fenced_when_the_other_goes() -> None:
     rig = Rig()
-    ours = rig.store(claim("a", D, ours=True))
+    rig.rec.removal_quiet = 0  # no scheduler to wait for in this test
+    mine = claim("a", D, ours=True)
+    mine["metadata"]["annotations"] = {ALLOCATION_ANNOTATION: "Immediate"}
+    ours = rig.store(mine)
     rig.store(claim("b", D))  # the scheduler's claim took D too
     assert "ns/a" in rig.enqueued  # the conflict re-enqueues our claim
 
+    # Held, not cleared: clearing while ns/b holds D would make the scheduler forget D.
     with pytest.raises(RequeueAfter):
         asyncio.run(rig.rec._check_conflicts("ns/a", ours, ours["status"]["allocation"]))
-    writes = [(what, key) for what, key, _ in rig.api.writes]
-    fk = fence.fence_key(FNS, D)
-    assert writes == [("clear", "ns/a"), ("create", fk), ("allocate", fk)]
-    cleared_at = rig.api.writes[0][2]
-    fence_obj = rig.fence()
-    assert fence_obj is not None and fence.rv(fence_obj) > cleared_at  # added after removed
-    assert fence_obj["status"]["allocation"]["nodeSelector"] == SELECTOR
-    assert fence_obj["metadata"]["annotations"][fence.HOLDER_ANNOTATION] == "ns/b"
-    assert rig.rec.stats.yielded == 1 and rig.rec.stats.fences_allocated == 1
-
-    # The informer catches up: nothing more to do, and the fence is no conflict for us.
+    assert [(what, key) for what, key, _ in rig.api.writes] == [("patch", "ns/a")]
+    held = rig.api.objs["ns/a"]
+    assert "ns/b" in held["metadata"]["annotations"][CONFLICT_ANNOTATION]
+    assert held["status"]["allocation"] == ours["status"]["allocation"]
+    assert rig.rec.stats.held == 1 and rig.rec.stats.yielded == 0
     rig.sync("ns/a")
-    rig.sync(fk)
-    before = len(rig.api.writes)
-    asyncio.run(rig.rec(fk))
-    assert len(rig.api.writes) == before
-    assert fence.real_holders(D, rig.rec.state, rig.rec._is_fence_key) == ["ns/b"]
-    assert set(rig.rec.state.holders(D)) == {"ns/b", fk}  # the allocator counts it as taken
 
-    # The holder goes: the fence is enqueued and deleted.
-    rig.enqueued.clear()
+    # The scheduler's claim goes while ours still holds D: D is fenced for the scheduler.
     rig.api.drop("ns/b")
     rig.sync("ns/b")
+    fk = fence.fence_key(FNS, D)
     assert fk in rig.enqueued
     asyncio.run(rig.rec(fk))
-    assert rig.fence() is None and rig.rec.stats.fences_deleted == 1
+    fence_obj = rig.fence()
+    assert fence_obj is not None and fence.allocated(fence_obj)
+    assert fence_obj["metadata"]["annotations"][fence.HOLDER_ANNOTATION] == "ns/a"
     rig.sync(fk)
-    assert rig.rec.state.holders(D) == []
+
+    # Ours is now the only real holder: given back (marker first), then allocated again;
+    # the fence goes with the last real holder.
+    before = len(rig.api.writes)
+    with pytest.raises(RequeueAfter):
+        asyncio.run(rig.rec("ns/a"))
+    writes = [(what, key) for what, key, _ in rig.api.writes[before:]]
+    assert writes == [("patch", "ns/a"), ("clear", "ns/a")]
+    assert fk in rig.enqueued and rig.rec.stats.yielded == 1
+    rig.sync("ns/a")
+    asyncio.run(rig.rec(fk))
+    assert rig.fence() is None and rig.rec.stats.fences_deleted == 1
+
+
+def test_a_held_claim_waits_for_a_quiet_scheduler() -> None:
+    rig = Rig()
+    rig.rec.removal_quiet = 60.0
+    rig.store(claim("b", D))
+    rig.api.drop("ns/b")
+    rig.sync("ns/b")  # a removal just now
+    a = claim("a", D, ours=True)
+    a["metadata"]["annotations"] = {CONFLICT_ANNOTATION: "x", ALLOCATION_ANNOTATION: "Immediate"}
+    rig.store(a)
+    before = len(rig.api.writes)
+    with pytest.raises(RequeueAfter, match="quiet"):
+        asyncio.run(rig.rec("ns/a"))
+    assert len(rig.api.writes) == before
 
 
 def test_fence_is_kept_while_another_claim_holds_the_device() -> None:
@@ -467,5 +493,9 @@ def test_out_of_scope_holders_are_left_to_their_controller() -> None:
     before = len(rig.api.writes)
     with pytest.raises(RequeueAfter):
         asyncio.run(rig.rec._check_conflicts("ns/a", ours, ours["status"]["allocation"]))
-    assert [w[0] for w in rig.api.writes[before:]] == ["clear"]  # no fence for ns/b
+    assert [w[0] for w in rig.api.writes[before:]] == ["patch"]  # held; no fence for ns/b
+    rig.sync("ns/a")
+    rig.api.drop("ns/b")
+    rig.sync("ns/b")
+    assert fence.fence_key(FNS, D) not in rig.enqueued
     assert rig.fence() is None

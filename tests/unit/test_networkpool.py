@@ -107,9 +107,21 @@ def test_per_device_reach_switches_to_per_device_node_selection() -> None:
 def test_large_pools_are_split_into_slices() -> None:
     pool = net.parse_spec(spec(devices=[{"name": f"d{i}"} for i in range(300)]))
     slices = net.build_slices(DRIVER, "fab", pool, 1, "u")
-    assert [len(s["spec"]["devices"]) for s in slices] == [128, 128, 44]
-    assert {s["spec"]["pool"]["resourceSliceCount"] for s in slices} == {3}
-    assert len({s["metadata"]["name"] for s in slices}) == 3
+    # 64 per slice (the limit once a device is tainted), so taints never move devices.
+    assert [len(s["spec"]["devices"]) for s in slices] == [64, 64, 64, 64, 44]
+    assert {s["spec"]["pool"]["resourceSliceCount"] for s in slices} == {5}
+    assert len({s["metadata"]["name"] for s in slices}) == 5
+
+
+def test_a_device_in_attach_failure_cooldown_is_tainted() -> None:
+    pool = net.parse_spec(spec(devices=[{"name": "a"}, {"name": "b"}]))
+    [slice_] = net.build_slices(DRIVER, "fab", pool, 1, "u", cooling={"b"})
+    a, b = slice_["spec"]["devices"]
+    assert "taints" not in a
+    assert b["taints"] == [
+        {"key": "dradriver.dev/attach-failed", "value": "cooldown", "effect": "NoSchedule"}
+    ]
+    assert pool.attach.failure_cooldown_seconds == 60
 
 
 def test_slice_comparison_sees_reach_changes() -> None:

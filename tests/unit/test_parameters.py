@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from pydantic import BaseModel, Field
 
 from dradriver import parameters as p
+from dradriver.crdgen import structural
 from dradriver.opaqueconfig import DeviceConfig, EffectiveConfig, parse_parameters
 
 DRIVER = "dradriver.dev"
@@ -109,17 +110,17 @@ def test_structural_converts_and_refuses() -> None:
     class Bounds(BaseModel):
         positive: int = Field(gt=0)
 
-    prop = p.structural(Bounds.model_json_schema())["properties"]["positive"]
+    prop = structural(Bounds.model_json_schema())["properties"]["positive"]
     assert prop["minimum"] == 0 and prop["exclusiveMinimum"] is True
 
     class Union(BaseModel):
         either: int | str
 
     with pytest.raises(ValueError, match="either: anyOf"):
-        p.structural(Union.model_json_schema())
+        structural(Union.model_json_schema())
 
     with pytest.raises(ValueError, match="uniqueItems"):
-        p.structural({"type": "array", "items": {"type": "string"}, "uniqueItems": True})
+        structural({"type": "array", "items": {"type": "string"}, "uniqueItems": True})
 
 
 # --- spec validation --------------------------------------------------------------
