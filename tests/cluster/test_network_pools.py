@@ -222,6 +222,14 @@ class Fabric:
             fieldSelector=f"involvedObject.kind={kind},involvedObject.name={name}",
         )
 
+    def finish(self, pod: str) -> None:
+        """Delete the pod; its claim's device is detached; then the pool goes."""
+        self.api.request(
+            "DELETE", path_for("v1", "pods", self.namespace, pod), json={"gracePeriodSeconds": 0}
+        )
+        wait_until("detached after the pod is gone", lambda: not self.attachments(), DEADLINE)
+        self.delete_pool()
+
     def delete_pool(self) -> None:
         self.api.delete(path_for(POOLS, net.PLURAL, name=self.name))
         wait_until(
@@ -292,11 +300,7 @@ def test_pod_waits_until_attached_then_runs_on_the_chosen_node(
         specs += [p.read_text() for p in plugins["node-2"].cdi_dir.glob("*.yaml")]
         assert any("DRADRIVER_NETWORK_DEVICE=nic-0" in s and "FABRIC_PORT=7" in s for s in specs)
 
-        api.request(
-            "DELETE", path_for("v1", "pods", namespace, "user"), json={"gracePeriodSeconds": 0}
-        )
-        wait_until("detached after the pod is gone", lambda: not fabric.attachments(), DEADLINE)
-        fabric.delete_pool()
+        fabric.finish("user")
 
 
 def test_attach_failure_sends_the_pod_back_to_scheduling(
@@ -341,11 +345,7 @@ def test_attach_failure_sends_the_pod_back_to_scheduling(
             headers={"Content-Type": "application/merge-patch+json"},
         )
         wait_until("pod running", lambda: running(fabric.get_pod("user")), DEADLINE * 2)
-        api.request(
-            "DELETE", path_for("v1", "pods", namespace, "user"), json={"gracePeriodSeconds": 0}
-        )
-        wait_until("detached", lambda: not fabric.attachments(), DEADLINE)
-        fabric.delete_pool()
+        fabric.finish("user")
 
 
 def test_failed_device_is_tainted_so_the_pod_gets_another(
@@ -374,11 +374,7 @@ def test_failed_device_is_tainted_so_the_pod_gets_another(
         ]
         reasons = [e["reason"] for e in fabric.events("Pod", "user")]
         assert "AttachFailed" in reasons
-        api.request(
-            "DELETE", path_for("v1", "pods", namespace, "user"), json={"gracePeriodSeconds": 0}
-        )
-        wait_until("detached", lambda: not fabric.attachments(), DEADLINE)
-        fabric.delete_pool()
+        fabric.finish("user")
 
 
 def test_controller_allocated_network_claim_is_attached_before_any_pod(
