@@ -402,6 +402,28 @@ class Ledger:
         self._thread_lock = threading.Lock()
         self.recovered_from_corruption: Path | None = None
         self._seen = _signature(self.path)
+        self._txn_thread: int | None = None  # the thread inside transaction(), if any
+        self._txn_dirty = False
+
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[None]:
+        """Several changes, one write: the lock is taken once, the methods called inside
+        change memory only, and the result is written (and fsynced) once at the end. If
+        that write fails, memory is put back and every change of the block is lost
+        together (the exception propagates), as if none had been made.
+        """
+        with self._lock():
+            before = (self._claims, self._holds)
+            self._txn_thread, self._txn_dirty = threading.get_ident(), False
+            try:
+                yield
+                if self._txn_dirty:
+                    self._write(self._claims, self._holds)
+            except BaseException:
+                self._claims, self._holds = before
+                raise
+            finally:
+                self._txn_thread, self._txn_dirty = None, False
 
     @contextlib.contextmanager
     def _lock(self) -> Iterator[None]:
@@ -410,6 +432,9 @@ class Ledger:
         During a rolling update two plugin processes share this ledger: an flock
         on a side file serialises them, and a changed file is re-read first.
         """
+        if self._txn_thread == threading.get_ident():
+            yield  # inside transaction(): already locked and loaded
+            return
         with self._thread_lock:
             self.path.parent.mkdir(parents=True, exist_ok=True, mode=LEDGER_DIR_MODE)
             fd = os.open(
@@ -483,7 +508,19 @@ class Ledger:
     def _commit(
         self, claims: dict[str, ClaimEntry], holds: dict[tuple[str, str], PluginHold]
     ) -> None:
-        """Write first, then switch memory: a failed write leaves both as they were."""
+        """Write first, then switch memory: a failed write leaves both as they were.
+
+        Inside :meth:`transaction` only memory changes; the transaction writes once.
+        """
+        if self._txn_thread == threading.get_ident():
+            self._claims, self._holds = claims, holds
+            self._txn_dirty = True
+            return
+        self._write(claims, holds)
+
+    def _write(
+        self, claims: dict[str, ClaimEntry], holds: dict[tuple[str, str], PluginHold]
+    ) -> None:
         payload = self._snapshot(claims, holds).model_dump(mode="json")
         doc = {"version": SUPPORTED_VERSION, "checksum": checksum(payload), "data": payload}
         directory = self.path.parent

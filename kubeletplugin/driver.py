@@ -24,6 +24,7 @@ from dradriver.hooks import Hook, HookError, run_hook
 from dradriver.kube.client import KubeAPIError, KubeClient
 from dradriver.kube.paths import RESOURCE_V1, path_for
 from dradriver.ledger import ClaimDevice, DeviceBusy, DeviceKey, Ledger, LedgerError
+from dradriver.ledgercommits import GroupCommitter
 from dradriver.log import get_logger
 from dradriver.opaqueconfig import ConfigError, EffectiveConfig, effective_configs
 from dradriver.plugin.driver import ClaimRef, PreparedDevice, PrepareResult
@@ -96,6 +97,7 @@ class NodeDriver:
         self.teardown = teardown
         self.metrics = metrics or PluginMetrics()
         self._locks = ClaimLocks(ledger.path.parent / "claim-locks")
+        self._commits = GroupCommitter(ledger)
 
     # ----- DRADriver ---------------------------------------------------------
 
@@ -291,7 +293,11 @@ class NodeDriver:
             for p in planned
         ]
         try:
-            self.ledger.begin_prepare(claim.uid, claim.namespace, claim.name, entries, digest)
+            await self._commits.run(
+                lambda: self.ledger.begin_prepare(
+                    claim.uid, claim.namespace, claim.name, entries, digest
+                )
+            )
         except DeviceBusy as e:
             text = self.gate.explain_busy(e) if self.gate is not None else str(e)
             raise PrepareError(f"ResourceClaim {claim}: {text}") from e
@@ -302,10 +308,8 @@ class NodeDriver:
                 for p in planned:
                     await run_hook(self.setup, self._hook_env(claim, p))
             ids = self.cdi.write_claim(claim.uid, self._cdi_devices(claim, planned))
-            self.ledger.complete_prepare(
-                claim.uid,
-                {DeviceKey(p.pool, p.device, p.share_id): [ids[p.cdi_name]] for p in planned},
-            )
+            recorded = {DeviceKey(p.pool, p.device, p.share_id): [ids[p.cdi_name]] for p in planned}
+            await self._commits.run(lambda: self.ledger.complete_prepare(claim.uid, recorded))
         except (HookError, OSError, ValueError) as e:
             await self._rollback(claim, planned)
             raise PrepareError(f"ResourceClaim {claim}: {e}") from e
@@ -334,7 +338,7 @@ class NodeDriver:
                 except HookError as e:
                     log.error("teardown during rollback failed", claim=str(claim), error=str(e))
         self.cdi.remove_claim(claim.uid)
-        self.ledger.remove_claim(claim.uid)
+        await self._commits.run(lambda: self.ledger.remove_claim(claim.uid))
 
     # ----- unprepare ---------------------------------------------------------
 
@@ -359,7 +363,7 @@ class NodeDriver:
             # Never prepared here, or already done: the spec may still be an orphan.
             self.cdi.remove_claim(uid)
             return
-        self.ledger.begin_unprepare(uid)
+        await self._commits.run(lambda: self.ledger.begin_unprepare(uid))
         if self.teardown is not None:
             for d in entry.devices:
                 env = {
@@ -374,7 +378,7 @@ class NodeDriver:
                 }
                 await run_hook(self.teardown, env)
         self.cdi.remove_claim(uid)
-        self.ledger.remove_claim(uid)
+        await self._commits.run(lambda: self.ledger.remove_claim(uid))
         log.info("unprepared", claim=f"{entry.namespace}/{entry.name}", uid=uid)
 
     # ----- start-up reconcile ------------------------------------------------
