@@ -134,7 +134,7 @@ def _webhook(api: AdminAPI, say: Callable[[str], None]) -> None:
     except APIError as e:
         say(
             f"DeviceClaimParameters with a broken CEL selector: denied ({e.status}): "
-            f"{e.body.get('message', '')}"
+            f"{str(e.body.get('message', '')).splitlines()[0]}"  # CEL adds a caret diagram
         )
         return
     raise RuntimeError("the webhook admitted invalid DeviceClaimParameters")
