@@ -270,3 +270,12 @@ def in_use_message(users: Sequence[str], limit: int = 10) -> str:
     shown = ", ".join(users[:limit])
     more = f" and {len(users) - limit} more" if len(users) > limit else ""
     return f"in use by claim{'s' if len(users) != 1 else ''} {shown}{more}"
+
+
+def allocated_node(allocation: Mapping[str, Any]) -> str | None:
+    """The node an allocation is pinned to (``matchFields metadata.name In [node]``)."""
+    for term in (allocation.get("nodeSelector") or {}).get("nodeSelectorTerms") or []:
+        for field in term.get("matchFields") or []:
+            if field.get("key") == "metadata.name" and len(field.get("values") or []) == 1:
+                return str(field["values"][0])
+    return None

@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from controller.allocation import allocation_of, finalizers, meta, reserved_for
+from controller.allocation import allocated_node, allocation_of, finalizers, meta, reserved_for
 from controller.attach import AttachBackend, AttachError, AttachRequest, AttachResult, backend_for
 from controller.fence import is_fence
 from controller.reconcilers import EventRecorder
@@ -53,15 +53,6 @@ class Wanted:
     node: str
     claim: str  # namespace/name
     claim_uid: str
-
-
-def bound_node(allocation: Obj) -> str | None:
-    """The node an allocation is pinned to (``matchFields metadata.name In [node]``)."""
-    for term in (allocation.get("nodeSelector") or {}).get("nodeSelectorTerms") or []:
-        for field in term.get("matchFields") or []:
-            if field.get("key") == "metadata.name" and len(field.get("values") or []) == 1:
-                return str(field["values"][0])
-    return None
 
 
 def network_results(driver: str, claim: Obj) -> list[Obj]:
@@ -186,7 +177,7 @@ class NetworkPoolReconciler:
             for result in network_results(self.driver, claim):
                 if result["pool"] != pool:
                     continue
-                node = bound_node(allocation_of(claim) or {})
+                node = allocated_node(allocation_of(claim) or {})
                 if node is None:
                     log.warning(
                         "network device allocated without a node; not attaching",
@@ -383,7 +374,7 @@ class NetworkPoolReconciler:
         todo = [
             w
             for device, w in sorted(wanted.items())
-            if device not in kept and device in known and not self._gave_up(w)
+            if device not in kept and device in known and not self._gave_up(key, w)
         ]
         results = await asyncio.gather(
             *(self._attach(key, backend, w) for w in todo), return_exceptions=True
@@ -426,22 +417,15 @@ class NetworkPoolReconciler:
         await self._tell_claims(key, wanted, kept, failed)
         return errors
 
-    def _gave_up(self, w: Wanted) -> bool:
+    def _gave_up(self, key: str, w: Wanted) -> bool:
         # The binding failure is reported: the scheduler deallocates the claim; attaching
         # again in between would only race with that. Controller-allocated claims are
         # retried by the backoff requeue once the condition is older than one pass.
         claim = self.claims.get(w.claim)
-        entry = net.device_status(claim or {}, self.driver, self._pool(w), w.device)
+        entry = net.device_status(claim or {}, self.driver, net.pool_name(key), w.device)
         return reserved_for(claim or {}) != [] and net.condition_true(
             entry, net.attach_failed_condition(self.driver)
         )
-
-    def _pool(self, w: Wanted) -> str:
-        claim = self.claims.get(w.claim) or {}
-        for r in network_results(self.driver, claim):
-            if r["device"] == w.device:
-                return str(r["pool"])
-        return ""
 
     async def _attach(self, key: str, backend: AttachBackend, w: Wanted) -> AttachResult:
         self._check_leader(key)

@@ -26,6 +26,7 @@ from controller.allocation import (
     IN_USE_FINALIZER,
     STATUS_ANNOTATION,
     Request,
+    allocated_node,
     allocation_of,
     allocation_request,
     annotations_of,
@@ -556,7 +557,7 @@ class ClaimReconciler:
             f"{r['driver']}/{r['pool']}/{r['device']}"
             for r in allocation["devices"].get("results") or []
         ]
-        node = _selected_node(allocation)
+        node = allocated_node(allocation)
         log.info("claim allocated", claim=key, devices=devices, node=node or "any")
         await self.events.emit(
             written,
@@ -893,14 +894,6 @@ def _rv(obj: Obj) -> int:
         return int(meta(obj).get("resourceVersion") or 0)
     except ValueError:
         return 0
-
-
-def _selected_node(allocation: Obj) -> str | None:
-    for term in (allocation.get("nodeSelector") or {}).get("nodeSelectorTerms") or []:
-        for field in term.get("matchFields") or []:
-            if field.get("key") == "metadata.name" and len(field.get("values") or []) == 1:
-                return str(field["values"][0])
-    return None
 
 
 def claims_using(claims: Informer, driver: str) -> Callable[[Obj], Iterable[str]]:

@@ -34,10 +34,9 @@ from dradriver import DEFAULT_DRIVER_NAME
 from dradriver.crdgen import CRDKind
 from dradriver.devices import names
 from dradriver.devices.attributes import attribute_value
-from dradriver.devices.config import format_location
 from dradriver.devices.quantity import QuantityError, parse_quantity
 from dradriver.devices.slices import MAX_DEVICES_PER_SLICE_WITH_TAINTS_OR_COUNTERS
-from dradriver.parameters import ENV_NAME_PATTERN, MAX_ENV
+from dradriver.parameters import ENV_NAME_PATTERN, MAX_ENV, validation_message
 
 VERSION = "v1alpha1"
 KIND = "NetworkDevicePool"
@@ -50,7 +49,6 @@ POOL_PREFIX = "network/"
 FINALIZER = "dradriver.dev/detach"
 """Held by the controller until every device of a deleted pool is detached."""
 MAX_DEVICES = 1024
-MAX_BINDING_WAIT_HINT = 600  # the scheduler's binding timeout, seconds
 CRD_FILE = (
     Path(__file__).resolve().parents[1] / "manifests" / "controller" / "crd-networkdevicepools.yaml"
 )
@@ -317,21 +315,12 @@ class NetworkDevicePoolStatus(_Strict):
     attachments: list[Attachment] = Field(default_factory=list)
 
 
-def _errors(prefix: str, error: ValidationError) -> str:
-    parts = []
-    for d in error.errors(include_url=False):
-        where = format_location(tuple(d["loc"]))
-        message = "unknown field" if d["type"] == "extra_forbidden" else d["msg"]
-        parts.append(f"{prefix}.{where}: {message}" if where else f"{prefix}: {message}")
-    return "; ".join(parts)
-
-
 def parse_spec(spec: Any, where: str = "spec") -> NetworkDevicePoolSpec:
     """Validate a pool spec; :class:`NetworkPoolError` names each bad field."""
     try:
         return NetworkDevicePoolSpec.model_validate(spec if spec is not None else {})
     except ValidationError as e:
-        raise NetworkPoolError(_errors(where, e)) from e
+        raise NetworkPoolError(validation_message(where, e)) from e
 
 
 def parse_status(obj: Mapping[str, Any]) -> NetworkDevicePoolStatus:

@@ -237,7 +237,8 @@ def crd_yaml(group: str = DEFAULT_DRIVER_NAME) -> str:
 # --- objects and conditions -----------------------------------------------------------
 
 
-def _errors(prefix: str, error: ValidationError) -> str:
+def validation_message(prefix: str, error: ValidationError) -> str:
+    """Each pydantic error as ``<prefix>.<field>: <message>``, joined by "; "."""
     details = error.errors(include_url=False)
     parts = []
     for d in details:
@@ -254,7 +255,7 @@ def parse_spec(spec: Any, where: str = "spec") -> DeviceClaimParametersSpec:
     try:
         return DeviceClaimParametersSpec.model_validate(spec)
     except ValidationError as e:
-        raise ParametersError(_errors(where, e)) from e
+        raise ParametersError(validation_message(where, e)) from e
 
 
 def spec_of(obj: dict[str, Any]) -> DeviceClaimParametersSpec:
@@ -371,7 +372,7 @@ def parse_opaque(
             return InlineParameters(_Inline.model_validate(parameters).spec)
         return ParametersReference(_Reference.model_validate(parameters).name)
     except ValidationError as e:
-        raise ParametersError(_errors(where, e)) from e
+        raise ParametersError(validation_message(where, e)) from e
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from controller.allocation import allocated_node
 from controller.attach import (
     AttachError,
     AttachRequest,
@@ -16,7 +17,7 @@ from controller.attach import (
     backend_for,
     parse_attach_output,
 )
-from controller.networkpools import bound_node, pools_of_claim, same_slice
+from controller.networkpools import pools_of_claim, same_slice
 from dradriver import networkpool as net
 
 DRIVER = "dradriver.dev"
@@ -178,7 +179,7 @@ def test_plugin_reads_the_pinned_attachment_only_when_attached_here() -> None:
 def test_claim_mapping_and_bound_node() -> None:
     c = claim([])
     assert set(pools_of_claim(DRIVER)(c)) == {"fab"}
-    assert bound_node(c["status"]["allocation"]) == "n1"
+    assert allocated_node(c["status"]["allocation"]) == "n1"
     assert net.object_name("node-1") is None
 
 
