@@ -143,13 +143,7 @@ def _workloads(
     cluster: LocalCluster, api: AdminAPI, plugin: NodePlugin, timeline: Timeline, timeout: float
 ) -> int:
     node = cluster.layout.node_name
-    if api.get_or_none(path_for("v1", "namespaces", name=NAMESPACE)):
-        api.delete(path_for("v1", "namespaces", name=NAMESPACE))
-        wait_until(
-            "old demo namespace gone",
-            lambda: api.get_or_none(path_for("v1", "namespaces", name=NAMESPACE)) is None,
-            timeout,
-        )
+    api.delete_namespace(NAMESPACE, timeout)  # a leftover of an interrupted run
     api.create_namespace(NAMESPACE)
     api.create(
         path_for(RESOURCE_V1, "resourceclaimtemplates", NAMESPACE),

@@ -101,12 +101,7 @@ def run_controller_demo(
         _immediate(api, say, timeout)
         _network(cluster, api, plugin, say, timeout)
         _explain(cluster, api, say, timeout)
-        api.delete(path_for("v1", "namespaces", name=NAMESPACE))
-        wait_until(
-            "controller demo namespace gone",
-            lambda: api.get_or_none(path_for("v1", "namespaces", name=NAMESPACE)) is None,
-            timeout,
-        )
+        api.delete_namespace(NAMESPACE, timeout)
         api.delete(path_for(POOLS, net.PLURAL, name=POOL))
         wait_until(
             f"NetworkDevicePool {POOL} deleted",
@@ -141,13 +136,7 @@ def _webhook(api: AdminAPI, say: Callable[[str], None]) -> None:
 
 
 def _fresh_namespace(api: AdminAPI, timeout: float) -> None:
-    if api.get_or_none(path_for("v1", "namespaces", name=NAMESPACE)):
-        api.delete(path_for("v1", "namespaces", name=NAMESPACE))
-        wait_until(
-            "old namespace gone",
-            lambda: api.get_or_none(path_for("v1", "namespaces", name=NAMESPACE)) is None,
-            timeout,
-        )
+    api.delete_namespace(NAMESPACE, timeout)  # a leftover of an interrupted run
     api.create_namespace(NAMESPACE)
 
 

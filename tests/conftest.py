@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from dradriver.cluster.api import AdminAPI, path_for, wait_until
+from dradriver.cluster.api import AdminAPI
 from dradriver.cluster.config import Layout, default_state_dir, parse_feature_gates
 from dradriver.cluster.local import LocalCluster, running_cluster
 
@@ -59,13 +59,8 @@ def unique_name() -> str:
 def namespace(api: AdminAPI, unique_name: str) -> Iterator[str]:
     api.create_namespace(unique_name)
     yield unique_name
-    api.delete(path_for("v1", "namespaces", name=unique_name))
-    # Wait, so the pods' devices are free again for the next test.
-    wait_until(
-        f"namespace {unique_name} deleted",
-        lambda: api.get_or_none(path_for("v1", "namespaces", name=unique_name)) is None,
-        120,
-    )
+    # Wait until it is gone, so the pods' devices are free again for the next test.
+    api.delete_namespace(unique_name, 120)
 
 
 @pytest.fixture

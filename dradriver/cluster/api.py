@@ -83,6 +83,12 @@ class AdminAPI:
         items: list[Obj] = self.get(path, **params).get("items", [])
         return items
 
+    def delete_namespace(self, name: str, timeout: float = 120) -> None:
+        """Delete a namespace (if it exists) and wait until it is gone, its pods too."""
+        path = path_for("v1", "namespaces", name=name)
+        self.delete(path)
+        wait_until(f"namespace {name} deleted", lambda: self.get_or_none(path) is None, timeout)
+
     def create_namespace(self, name: str, timeout: float = 60) -> None:
         """Create a namespace and wait for its default ServiceAccount (pods need it)."""
         self.create("/api/v1/namespaces", {"metadata": {"name": name}})
