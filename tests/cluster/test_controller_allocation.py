@@ -27,6 +27,7 @@ from controller.localcluster import (
     ControllerProcess,
     controller_kubeconfig,
     install_crds,
+    namespaced_controller,
 )
 from dradriver import parameters as params
 from dradriver.claimannotations import CONFLICT_ANNOTATION
@@ -245,14 +246,11 @@ def controller(kubeconfig: Path, workdir: Path, namespace: str) -> ControllerPro
 
 
 @pytest.fixture
-def running(kubeconfig: Path, workdir: Path, namespace: str) -> Iterator[ControllerProcess]:
-    proc = controller(kubeconfig, workdir, namespace)
-    proc.start()
-    try:
-        wait_until("controller ready", proc.ready, DEADLINE)
+def running(
+    api: AdminAPI, local_cluster: LocalCluster, namespace: str
+) -> Iterator[ControllerProcess]:
+    with namespaced_controller(api, local_cluster, namespace, "alloc", DEADLINE) as proc:
         yield proc
-    finally:
-        proc.stop()
 
 
 def test_immediate_claim_is_allocated_without_a_pod_then_used_by_one(
