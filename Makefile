@@ -8,10 +8,10 @@ STAMP := $(VENV)/.installed
 
 all: install
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml devtools/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[dev]'
+	$(BIN)/pip install --quiet -e '.[dev]' -e ./devtools
 	touch $(STAMP)
 
 install: $(STAMP) protos

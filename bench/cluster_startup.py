@@ -12,9 +12,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from dradriver.cluster.binaries import build_seconds, ensure_binaries
-from dradriver.cluster.config import Layout
-from dradriver.cluster.local import LocalCluster
+from devtools.cluster.binaries import build_seconds, ensure_binaries
+from devtools.cluster.config import Layout
+from devtools.cluster.local import LocalCluster
 
 
 def main() -> None:

@@ -36,10 +36,10 @@ import grpc
 import httpx
 import yaml
 
-from dradriver.cluster.api import AdminAPI, APIError, wait_until
-from dradriver.cluster.binaries import cache_root
-from dradriver.cluster.process import log_tail
-from dradriver.kube.paths import RESOURCE_V1, path_for
+from devtools.cluster.api import AdminAPI, APIError, wait_until
+from devtools.cluster.binaries import cache_root
+from devtools.cluster.process import log_tail
+from dradriver.k8s.paths import RESOURCE_V1, path_for
 from dradriver.kubeletapi.gen import (
     dra_v1_pb2,
     dra_v1_pb2_grpc,

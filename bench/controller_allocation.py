@@ -51,14 +51,14 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import free_port, percentile, table
-from controller.allocation import ALLOCATION_ANNOTATION
-from controller.localcluster import ControllerProcess, controller_kubeconfig
-from dradriver.cluster.api import AdminAPI, wait_until
-from dradriver.cluster.config import Layout, Ports
-from dradriver.cluster.local import ClusterState, running_cluster
-from dradriver.controllerruntime import Informer
-from dradriver.kube.client import KubeClient, load_connection
-from dradriver.kube.paths import RESOURCE_V1, path_for
+from controller.claims.allocation import ALLOCATION_ANNOTATION
+from devtools.cluster.api import AdminAPI, wait_until
+from devtools.cluster.config import Layout, Ports
+from devtools.cluster.local import ClusterState, running_cluster
+from devtools.harness.controller import ControllerProcess, controller_kubeconfig
+from dradriver.k8s.client import KubeClient, load_connection
+from dradriver.k8s.paths import RESOURCE_V1, path_for
+from dradriver.runtime import Informer
 
 Obj = dict[str, Any]
 R = RESOURCE_V1

@@ -45,14 +45,14 @@ from bench.common import (
     short_workdir,
     table,
 )
-from dradriver.cluster.api import AdminAPI, path_for, wait_until
-from dradriver.cluster.config import Layout, default_state_dir
-from dradriver.cluster.local import LocalCluster, running_cluster
-from dradriver.cluster.nodeplugin import NodePlugin, start_node_plugin
-from dradriver.kube.paths import RESOURCE_V1
+from devtools.cluster.api import AdminAPI, path_for, wait_until
+from devtools.cluster.config import Layout, default_state_dir
+from devtools.cluster.local import LocalCluster, running_cluster
+from devtools.harness.nodeplugin import NodePlugin, start_node_plugin
+from dradriver.deviceplugin.server import socket_name
+from dradriver.k8s.paths import RESOURCE_V1
 from dradriver.kubeletapi.gen import deviceplugin_v1beta1_pb2 as dp
 from dradriver.kubeletapi.gen import deviceplugin_v1beta1_pb2_grpc as dp_grpc
-from dradriver.plugin.deviceplugin import socket_name
 
 RPC_DRIVER = "dpbench.dradriver.dev"
 RPC_NODE = "bench-dp-node"

@@ -52,9 +52,9 @@ from bench.common import (
     table,
     wait_published,
 )
-from dradriver.cluster.api import AdminAPI
-from dradriver.cluster.config import Layout, default_state_dir
-from dradriver.cluster.local import running_cluster
+from devtools.cluster.api import AdminAPI
+from devtools.cluster.config import Layout, default_state_dir
+from devtools.cluster.local import running_cluster
 
 OUR_DRIVER = "bench.dradriver.dev"
 GO_NODE = "bench-go-node"

@@ -43,14 +43,14 @@ from bench.common import (
     short_workdir,
     table,
 )
-from dradriver.cluster.api import AdminAPI, wait_until
-from dradriver.cluster.config import Layout, default_state_dir
-from dradriver.cluster.local import running_cluster
+from devtools.cluster.api import AdminAPI, wait_until
+from devtools.cluster.config import Layout, default_state_dir
+from devtools.cluster.local import running_cluster
 from dradriver.devices.config import StaticDeviceEntry
 from dradriver.devices.model import Device
-from dradriver.devices.slices import build_node_slices
-from dradriver.kube.client import KubeClient, load_connection
-from dradriver.plugin.slicepublisher import SlicePublisher
+from dradriver.k8s.client import KubeClient, load_connection
+from dradriver.resourceslice.builder import build_node_slices
+from dradriver.resourceslice.publisher import SlicePublisher
 
 DRIVER = "slices.bench.dradriver.dev"
 GO_NODE = "bench-go-slices"

@@ -16,17 +16,21 @@ from pathlib import Path
 
 from fastapi import FastAPI
 
-from controller.networkpools import NetworkPoolReconciler, pool_of_slice, pools_of_claim
-from controller.pinning import ParametersPinReconciler, claims_referencing
-from controller.reconcilers import (
+from controller.claims.reconciler import (
     ClaimReconciler,
     ParametersReconciler,
     claims_using,
     parameters_used_by,
 )
-from dradriver import networkpool as net
-from dradriver import parameters as params
-from dradriver.controllerruntime import (
+from controller.networkpools.reconciler import NetworkPoolReconciler, pool_of_slice, pools_of_claim
+from controller.pinning import ParametersPinReconciler, claims_referencing
+from dradriver.api import networkpool as net
+from dradriver.api import parameters as params
+from dradriver.httpserver import HTTPEndpoint, build_app
+from dradriver.k8s.client import KubeClient
+from dradriver.k8s.paths import RESOURCE_V1, path_for
+from dradriver.log import get_logger
+from dradriver.runtime import (
     Controller,
     Informer,
     LeaderElectionConfig,
@@ -34,10 +38,6 @@ from dradriver.controllerruntime import (
     RuntimeMetrics,
     default_identity,
 )
-from dradriver.httpserver import HTTPEndpoint, build_app
-from dradriver.kube.client import KubeClient
-from dradriver.kube.paths import RESOURCE_V1, path_for
-from dradriver.log import get_logger
 from dradriver.webhook.app import build_app as build_webhook_app
 from dradriver.webhook.server import WebhookServer
 from dradriver.webhook.validation import Settings as WebhookSettings

@@ -12,10 +12,10 @@ from pathlib import Path
 
 from controller.app import ControllerApp, Options
 from dradriver import DEFAULT_DRIVER_NAME
-from dradriver.controllerruntime import LeaderElectionConfig
 from dradriver.httpserver import parse_address
-from dradriver.kube.client import KubeClient, load_connection
+from dradriver.k8s.client import KubeClient, load_connection
 from dradriver.log import configure, get_logger
+from dradriver.runtime import LeaderElectionConfig
 
 log = get_logger("controller")
 

@@ -3,7 +3,7 @@
 Keyed by claim. Once a claim is allocated and its allocation's config references
 DeviceClaimParameters by name, the referenced objects are resolved and validated,
 and their node-side settings are written into ``status.devices[].data.parameters`` of
-every device of this driver (see :mod:`dradriver.pinnedparameters`). Pinned once:
+every device of this driver (see :mod:`dradriver.api.pinnedparameters`). Pinned once:
 a later change to the parameters object does not reach a claim already allocated.
 A reference that cannot be resolved leaves the claim's
 ``dradriver.dev/allocation-status`` annotation and a ``ParametersUnresolved`` event
@@ -15,16 +15,16 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from controller.allocation import STATUS_ANNOTATION, allocation_of, annotations_of, meta
-from controller.fence import is_fence
-from controller.reconcilers import EventRecorder
-from dradriver import parameters as params
-from dradriver import pinnedparameters as pins
+from controller.claims.allocation import STATUS_ANNOTATION, allocation_of, annotations_of, meta
+from controller.claims.fences import is_fence
+from controller.claims.reconciler import EventRecorder
 from dradriver.allocator import claim_key
-from dradriver.controllerruntime import Informer, RequeueAfter, split_key
-from dradriver.kube.client import KubeAPIError, KubeClient
-from dradriver.kube.paths import RESOURCE_V1, path_for
+from dradriver.api import parameters as params
+from dradriver.api import pinnedparameters as pins
+from dradriver.k8s.client import KubeAPIError, KubeClient
+from dradriver.k8s.paths import RESOURCE_V1, path_for
 from dradriver.log import get_logger
+from dradriver.runtime import Informer, RequeueAfter, split_key
 
 log = get_logger("controller.pinning")
 

@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 from dradriver.devices.model import Device
 from dradriver.log import get_logger
-from dradriver.plugin.driver import DeviceHealth
+from dradriver.plugin.interface import DeviceHealth
 
 log = get_logger("kubeletplugin.inventory")
 

@@ -12,22 +12,22 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from dradriver import DEFAULT_DRIVER_NAME
-from dradriver.cdi import CDIRegistry
 from dradriver.devices.config import ConfigError, DriverConfig, load_config
-from dradriver.devices.slices import build_node_slices
 from dradriver.devices.sources import build_sources, discover_all
-from dradriver.hooks import Hook
+from dradriver.host.cdi import CDIRegistry
+from dradriver.host.hooks import Hook
+from dradriver.host.ledger import Ledger, LedgerError
 from dradriver.httpserver import HTTPEndpoint, build_app
-from dradriver.kube.client import KubeClient, load_connection
-from dradriver.ledger import Ledger, LedgerError
+from dradriver.k8s.client import KubeClient, load_connection
 from dradriver.log import configure, get_logger
 from dradriver.plugin.helper import KubeletPluginHelper, PluginPaths
-from dradriver.plugin.slicepublisher import SlicePublisher
-from kubeletplugin.deviceplugin import DevicePluginSetupError, DevicePluginShim
-from kubeletplugin.driver import NodeDriver
+from dradriver.resourceslice.builder import build_node_slices
+from dradriver.resourceslice.publisher import SlicePublisher
 from kubeletplugin.inventory import Inventory
+from kubeletplugin.legacy.podresources import HoldReconciler, PodResourcesClient
+from kubeletplugin.legacy.shim import DevicePluginSetupError, DevicePluginShim
 from kubeletplugin.metrics import PluginMetrics
-from kubeletplugin.podresources import HoldReconciler, PodResourcesClient
+from kubeletplugin.nodedriver import NodeDriver
 
 log = get_logger("kubeletplugin")
 

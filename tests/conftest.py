@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from dradriver.cluster.api import AdminAPI
-from dradriver.cluster.config import Layout, default_state_dir, parse_feature_gates
-from dradriver.cluster.local import LocalCluster, running_cluster
+from devtools.cluster.api import AdminAPI
+from devtools.cluster.config import Layout, default_state_dir, parse_feature_gates
+from devtools.cluster.local import LocalCluster, running_cluster
 
 TIERS = ("unit", "grpc", "cluster")
 

@@ -8,5 +8,5 @@
 * :mod:`~dradriver.devices.sources` - the source interface, ``build_sources``, ``discover_all``;
   the sources themselves are :mod:`static`, :mod:`devglob` and :mod:`pci`
 * :mod:`~dradriver.devices.health` - health from files
-* :mod:`~dradriver.devices.slices` - ResourceSlices for a node
+* :mod:`~dradriver.resourceslice.builder` - ResourceSlices for a node
 """

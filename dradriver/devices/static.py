@@ -12,10 +12,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from dradriver.containeredits import ContainerEdits, DeviceNode
 from dradriver.devices.config import StaticSourceConfig
 from dradriver.devices.health import HealthChecker
 from dradriver.devices.model import Device
+from dradriver.host.containeredits import ContainerEdits, DeviceNode
 from dradriver.log import get_logger
 
 log = get_logger("devices.static")

@@ -20,7 +20,7 @@ from typing import Any
 import grpc
 
 from dradriver.log import get_logger
-from dradriver.plugin.driver import DeviceHealth, DRADriver
+from dradriver.plugin.interface import DeviceHealth, DRADriver
 from dradriver.plugin.services import (
     DRAService,
     HealthService,

@@ -35,7 +35,7 @@ from dradriver.kubeletapi.gen import (
     pluginregistration_v1_pb2_grpc,
 )
 from dradriver.log import get_logger
-from dradriver.plugin.driver import ClaimRef, DeviceHealth, DRADriver, PrepareResult
+from dradriver.plugin.interface import ClaimRef, DeviceHealth, DRADriver, PrepareResult
 
 log = get_logger("plugin.grpc")
 

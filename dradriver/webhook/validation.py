@@ -1,7 +1,7 @@
 """What the admission webhook checks, as pure functions over plain JSON objects.
 
 - ``DeviceClaimParameters`` (group = the driver name): the spec against the pydantic
-  models of :mod:`dradriver.parameters` (the CRD schema checks most of it too, but
+  models of :mod:`dradriver.api.parameters` (the CRD schema checks most of it too, but
   not everything), and every ``spec.selectors[]`` compiled as CEL, which no schema
   can do.
 - ``ResourceClaim`` and ``ResourceClaimTemplate`` (``resource.k8s.io``): every
@@ -10,7 +10,7 @@
   and the CEL selectors of requests (``exactly`` and ``firstAvailable[]``) whose
   device class is one of this driver's classes.
 - ``NetworkDevicePool`` (group = the driver name, cluster-scoped): name and spec against
-  the pydantic models of :mod:`dradriver.networkpool` (:func:`~dradriver.networkpool.
+  the pydantic models of :mod:`dradriver.api.networkpool` (:func:`~dradriver.api.networkpool.
   validate_object`), which check what the CRD schema cannot: the backend's settings
   section, unique device names, attribute values, quantities, node selector operators.
 
@@ -33,10 +33,10 @@ from typing import Any
 from pydantic import BaseModel
 
 from dradriver import DEFAULT_DRIVER_NAME
-from dradriver import networkpool as net
-from dradriver import parameters as params
+from dradriver.api import networkpool as net
+from dradriver.api import parameters as params
+from dradriver.api.opaqueconfig import DeviceConfig
 from dradriver.cel import validate_selector
-from dradriver.opaqueconfig import DeviceConfig
 
 RESOURCE_GROUP = "resource.k8s.io"
 Obj = dict[str, Any]

@@ -20,10 +20,10 @@ from typing import Any
 
 import pytest
 
+from devtools.cluster.api import AdminAPI, APIError, path_for, wait_until
+from devtools.cluster.local import LocalCluster
 from dradriver.allocator import AllocatedState, Allocator, Inventory, explain, summarize
-from dradriver.cluster.api import AdminAPI, APIError, path_for, wait_until
-from dradriver.cluster.local import LocalCluster
-from dradriver.kube.paths import RESOURCE_V1
+from dradriver.k8s.paths import RESOURCE_V1
 
 R = RESOURCE_V1
 NODE = "node-1"

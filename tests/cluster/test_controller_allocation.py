@@ -20,20 +20,20 @@ from typing import Any
 
 import pytest
 
-from controller import fence
-from controller.allocation import ALLOCATION_ANNOTATION, FINALIZER, STATUS_ANNOTATION
-from controller.localcluster import (
+from controller.claims import fences as fence
+from controller.claims.allocation import ALLOCATION_ANNOTATION, FINALIZER, STATUS_ANNOTATION
+from devtools.cluster.api import AdminAPI, path_for, wait_until
+from devtools.cluster.local import LocalCluster
+from devtools.harness.controller import (
     NAMESPACE,
     ControllerProcess,
     controller_kubeconfig,
     install_crds,
     namespaced_controller,
 )
-from dradriver import parameters as params
-from dradriver.claimannotations import CONFLICT_ANNOTATION
-from dradriver.cluster.api import AdminAPI, path_for, wait_until
-from dradriver.cluster.local import LocalCluster
-from dradriver.kube.paths import RESOURCE_V1
+from dradriver.api import parameters as params
+from dradriver.api.wellknown import CONFLICT_ANNOTATION
+from dradriver.k8s.paths import RESOURCE_V1
 
 R = RESOURCE_V1
 NODE = "node-1"

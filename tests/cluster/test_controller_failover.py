@@ -19,11 +19,11 @@ from typing import Any
 
 import pytest
 
-from controller.allocation import FINALIZER, STATUS_ANNOTATION
-from controller.localcluster import NAMESPACE, ControllerProcess, controller_kubeconfig
-from dradriver.cluster.api import AdminAPI, path_for, wait_until
-from dradriver.cluster.local import LocalCluster
-from dradriver.kube.paths import RESOURCE_V1
+from controller.claims.allocation import FINALIZER, STATUS_ANNOTATION
+from devtools.cluster.api import AdminAPI, path_for, wait_until
+from devtools.cluster.local import LocalCluster
+from devtools.harness.controller import NAMESPACE, ControllerProcess, controller_kubeconfig
+from dradriver.k8s.paths import RESOURCE_V1
 from tests.cluster.test_controller_allocation import DEADLINE, Rig, describe, devices_of
 
 CLAIMS = 30

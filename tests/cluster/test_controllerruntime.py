@@ -10,10 +10,10 @@ from typing import Any
 
 import httpx
 
-from dradriver.cluster.local import LocalCluster
-from dradriver.controllerruntime import Backoff, Informer, LeaderElectionConfig, LeaderElector
-from dradriver.kube.client import KubeClient, load_connection
-from dradriver.kube.paths import path_for
+from devtools.cluster.local import LocalCluster
+from dradriver.k8s.client import KubeClient, load_connection
+from dradriver.k8s.paths import path_for
+from dradriver.runtime import Backoff, Informer, LeaderElectionConfig, LeaderElector
 
 Obj = dict[str, Any]
 LEASE, RENEW, RETRY = 15.0, 10.0, 2.0  # the defaults the controller uses

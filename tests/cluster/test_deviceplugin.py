@@ -22,18 +22,18 @@ import grpc
 import pytest
 import yaml
 
-from dradriver.cdi import CDIRegistry
-from dradriver.cluster.api import AdminAPI, path_for, wait_until
-from dradriver.cluster.kubeletstate import kubelet_cdi_ids
-from dradriver.cluster.local import LocalCluster
-from dradriver.cluster.nodeplugin import NodePlugin, node_slices, start_node_plugin
-from dradriver.kube.paths import RESOURCE_V1
+from devtools.cluster.api import AdminAPI, path_for, wait_until
+from devtools.cluster.kubeletstate import kubelet_cdi_ids
+from devtools.cluster.local import LocalCluster
+from devtools.harness.nodeplugin import NodePlugin, node_slices, start_node_plugin
+from dradriver.host.cdi import CDIRegistry
+from dradriver.host.ledger import Ledger
+from dradriver.k8s.paths import RESOURCE_V1
 from dradriver.kubeletapi.gen import deviceplugin_v1beta1_pb2 as dp
 from dradriver.kubeletapi.gen import podresources_v1_pb2 as pr
 from dradriver.kubeletapi.gen import podresources_v1_pb2_grpc as pr_grpc
-from dradriver.ledger import Ledger
-from kubeletplugin.deviceplugin import CDI_CLASS, held_taint_key
-from kubeletplugin.podresources import DEFAULT_SETTLE_SECONDS as SETTLE_SECONDS
+from kubeletplugin.legacy.podresources import DEFAULT_SETTLE_SECONDS as SETTLE_SECONDS
+from kubeletplugin.legacy.shim import CDI_CLASS, held_taint_key
 
 NODE = "node-1"
 SHARED = "dpshared.dradriver.dev"

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import asyncio
 
-from dradriver.cluster import example
-from dradriver.cluster.api import AdminAPI, path_for, wait_until
-from dradriver.cluster.config import NODE_NAME
-from dradriver.cluster.local import LocalCluster
-from dradriver.explaincmd import run_explain
-from dradriver.kube.paths import RESOURCE_V1 as R
+from devtools.cluster.api import AdminAPI, path_for, wait_until
+from devtools.cluster.config import NODE_NAME
+from devtools.cluster.local import LocalCluster
+from devtools.demo import example
+from dradriver.cli.explain import run_explain
+from dradriver.k8s.paths import RESOURCE_V1 as R
 
 
 def test_explain_names_the_selector_and_the_holder(

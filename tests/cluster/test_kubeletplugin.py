@@ -15,22 +15,22 @@ import httpx
 import pytest
 import yaml
 
-from controller.allocation import ALLOCATION_ANNOTATION
-from controller.localcluster import install_crds, namespaced_controller
-from dradriver import parameters as params
-from dradriver.cdi import CDIDevice, CDIRegistry
-from dradriver.cluster.api import AdminAPI, path_for, wait_until
-from dradriver.cluster.kubeletstate import kubelet_cdi_ids as read_kubelet_cdi_ids
-from dradriver.cluster.local import LocalCluster
-from dradriver.cluster.nodeplugin import NodePlugin, free_port, node_slices, start_node_plugin
-from dradriver.containeredits import ContainerEdits
+from controller.claims.allocation import ALLOCATION_ANNOTATION
+from devtools.cluster.api import AdminAPI, path_for, wait_until
+from devtools.cluster.kubeletstate import kubelet_cdi_ids as read_kubelet_cdi_ids
+from devtools.cluster.local import LocalCluster
+from devtools.harness.controller import install_crds, namespaced_controller
+from devtools.harness.nodeplugin import NodePlugin, free_port, node_slices, start_node_plugin
+from dradriver.api import parameters as params
 from dradriver.devices.model import Device
-from dradriver.devices.slices import build_node_slices
-from dradriver.kube.client import KubeClient, load_connection
-from dradriver.kube.paths import RESOURCE_V1
+from dradriver.host.cdi import CDIDevice, CDIRegistry
+from dradriver.host.containeredits import ContainerEdits
+from dradriver.host.ledger import ClaimDevice, Ledger
+from dradriver.k8s.client import KubeClient, load_connection
+from dradriver.k8s.paths import RESOURCE_V1
 from dradriver.kubeletapi.gen import dra_v1_pb2, dra_v1_pb2_grpc
-from dradriver.ledger import ClaimDevice, Ledger
-from dradriver.plugin.slicepublisher import SlicePublisher
+from dradriver.resourceslice.builder import build_node_slices
+from dradriver.resourceslice.publisher import SlicePublisher
 
 DRIVER = "dradriver.dev"
 NODE = "node-1"

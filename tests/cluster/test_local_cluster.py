@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from dradriver.cluster import example
-from dradriver.cluster.api import AdminAPI, path_for, wait_until
-from dradriver.cluster.config import NODE_NAME
-from dradriver.cluster.local import AlreadyRunning, LocalCluster
-from dradriver.kube.paths import RESOURCE_V1
+from devtools.cluster.api import AdminAPI, path_for, wait_until
+from devtools.cluster.config import NODE_NAME
+from devtools.cluster.local import AlreadyRunning, LocalCluster
+from devtools.demo import example
+from dradriver.k8s.paths import RESOURCE_V1
 
 R = RESOURCE_V1
 # Allows one kubelet retry after Node-authorizer lag (see local-cluster.md).

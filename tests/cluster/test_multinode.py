@@ -11,10 +11,10 @@ import httpx
 import pytest
 import yaml
 
-from dradriver.cluster.api import AdminAPI, path_for, wait_until
-from dradriver.cluster.local import LocalCluster
-from dradriver.cluster.nodeplugin import NodePlugin, start_node_plugin, wait_for_slices
-from dradriver.kube.paths import RESOURCE_V1 as R
+from devtools.cluster.api import AdminAPI, path_for, wait_until
+from devtools.cluster.local import LocalCluster
+from devtools.harness.nodeplugin import NodePlugin, start_node_plugin, wait_for_slices
+from dradriver.k8s.paths import RESOURCE_V1 as R
 
 DRIVER = "dradriver.dev"
 NODE = "node-2"

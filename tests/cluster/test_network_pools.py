@@ -16,13 +16,13 @@ from typing import Any
 import pytest
 import yaml
 
-from controller.allocation import ALLOCATION_ANNOTATION
-from controller.localcluster import ControllerProcess, namespaced_controller
-from dradriver import networkpool as net
-from dradriver.cluster.api import AdminAPI, path_for, wait_until
-from dradriver.cluster.local import LocalCluster
-from dradriver.cluster.nodeplugin import NodePlugin, start_node_plugin
-from dradriver.kube.paths import RESOURCE_V1 as R
+from controller.claims.allocation import ALLOCATION_ANNOTATION
+from devtools.cluster.api import AdminAPI, path_for, wait_until
+from devtools.cluster.local import LocalCluster
+from devtools.harness.controller import ControllerProcess, namespaced_controller
+from devtools.harness.nodeplugin import NodePlugin, start_node_plugin
+from dradriver.api import networkpool as net
+from dradriver.k8s.paths import RESOURCE_V1 as R
 
 DRIVER = "dradriver.dev"
 POOLS = f"{DRIVER}/{net.VERSION}"

@@ -10,18 +10,18 @@ from typing import Any
 
 import pytest
 
-from controller.allocation import IN_USE_FINALIZER
-from controller.localcluster import (
+from controller.claims.allocation import IN_USE_FINALIZER
+from devtools.cluster.api import AdminAPI, APIError, path_for, wait_until
+from devtools.cluster.local import LocalCluster
+from devtools.harness.controller import (
     NAMESPACE,
     ControllerProcess,
     controller_kubeconfig,
     install_crds,
     namespaced_controller,
 )
-from dradriver import parameters as params
-from dradriver.cluster.api import AdminAPI, APIError, path_for, wait_until
-from dradriver.cluster.local import LocalCluster
-from dradriver.kube.paths import RESOURCE_V1
+from dradriver.api import parameters as params
+from dradriver.k8s.paths import RESOURCE_V1
 from tests.cluster.test_controller_allocation import DEADLINE, NODE, Rig, devices_of
 
 API_VERSION = f"dradriver.dev/{params.VERSION}"

@@ -26,7 +26,10 @@ import httpx
 import pytest
 import yaml
 
-from controller.localcluster import (
+from devtools.cluster.api import AdminAPI, APIError, path_for, wait_until
+from devtools.cluster.local import LocalCluster
+from devtools.cluster.process import log_tail
+from devtools.harness.controller import (
     NAMESPACE,
     ControllerProcess,
     controller_kubeconfig,
@@ -35,19 +38,16 @@ from controller.localcluster import (
     unregister_webhook,
     webhook_tls,
 )
-from dradriver import networkpool as net
-from dradriver import parameters as params
-from dradriver.cluster.api import AdminAPI, APIError, path_for, wait_until
-from dradriver.cluster.local import LocalCluster
-from dradriver.cluster.nodeplugin import free_port
-from dradriver.cluster.process import log_tail
-from dradriver.kube.paths import RESOURCE_V1
-from dradriver.webhook.register import (
+from devtools.harness.nodeplugin import free_port
+from devtools.harness.webhook import (
     CLUSTER_WEBHOOK_NAME,
     WEBHOOK_NAME,
     issue_serving_cert,
     webhook_configuration,
 )
+from dradriver.api import networkpool as net
+from dradriver.api import parameters as params
+from dradriver.k8s.paths import RESOURCE_V1
 
 DRIVER = "dradriver.dev"
 API_VERSION = f"{DRIVER}/{params.VERSION}"

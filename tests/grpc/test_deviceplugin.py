@@ -19,19 +19,19 @@ import pytest
 import yaml
 from prometheus_client import generate_latest
 
-from dradriver.cdi import CDIDevice, CDIRegistry
-from dradriver.containeredits import ContainerEdits
 from dradriver.devices.config import parse_config
 from dradriver.devices.sources import build_sources, discover_all
+from dradriver.host.cdi import CDIDevice, CDIRegistry
+from dradriver.host.containeredits import ContainerEdits
+from dradriver.host.ledger import ClaimDevice, DeviceBusy, Ledger
 from dradriver.kubeletapi.gen import deviceplugin_v1beta1_pb2 as dp
 from dradriver.kubeletapi.gen import deviceplugin_v1beta1_pb2_grpc as dp_grpc
 from dradriver.kubeletapi.gen import podresources_v1_pb2 as pr
 from dradriver.kubeletapi.gen import podresources_v1_pb2_grpc as pr_grpc
-from dradriver.ledger import ClaimDevice, DeviceBusy, Ledger
-from kubeletplugin.deviceplugin import CDI_CLASS, DevicePluginShim, held_taint_key
 from kubeletplugin.inventory import Inventory
+from kubeletplugin.legacy.podresources import Assignment, HoldReconciler, PodResourcesClient
+from kubeletplugin.legacy.shim import CDI_CLASS, DevicePluginShim, held_taint_key
 from kubeletplugin.metrics import PluginMetrics
-from kubeletplugin.podresources import Assignment, HoldReconciler, PodResourcesClient
 
 DRIVER = "test.dradriver.dev"
 RESOURCE = f"{DRIVER}/mock"

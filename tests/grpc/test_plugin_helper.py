@@ -22,8 +22,8 @@ from dradriver.kubeletapi.gen import (
     pluginregistration_v1_pb2,
     pluginregistration_v1_pb2_grpc,
 )
-from dradriver.plugin.driver import ClaimRef, DeviceHealth, PreparedDevice, PrepareResult
 from dradriver.plugin.helper import KubeletPluginHelper, PluginPaths
+from dradriver.plugin.interface import ClaimRef, DeviceHealth, PreparedDevice, PrepareResult
 
 DRIVER = "test.dradriver.dev"
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from dradriver.cdi import (
+from dradriver.host.cdi import (
     CDIConflictError,
     CDIDevice,
     CDIRegistry,
@@ -26,7 +26,7 @@ from dradriver.cdi import (
     minimum_cdi_version,
     parse_cdi_id,
 )
-from dradriver.containeredits import ContainerEdits, DeviceNode, Mount
+from dradriver.host.containeredits import ContainerEdits, DeviceNode, Mount
 
 pytestmark = pytest.mark.unit
 

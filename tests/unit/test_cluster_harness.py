@@ -10,16 +10,16 @@ import pytest
 import yaml
 from cryptography import x509
 
-from dradriver.cluster import binaries, pki
-from dradriver.cluster.config import (
+from devtools.cluster import binaries, pki
+from devtools.cluster.config import (
     Layout,
     Ports,
     format_feature_gates,
     kubelet_config,
     parse_feature_gates,
 )
-from dradriver.cluster.local import ClusterError, LocalCluster, wait_for
-from dradriver.cluster.process import Component, ComponentDied, ProcessRecord
+from devtools.cluster.local import ClusterError, LocalCluster, wait_for
+from devtools.cluster.process import Component, ComponentDied, ProcessRecord
 
 
 def test_feature_gates_round_trip() -> None:

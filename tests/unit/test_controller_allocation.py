@@ -9,7 +9,7 @@ from typing import Any, cast
 
 import pytest
 
-from controller.allocation import (
+from controller.claims.allocation import (
     ALLOCATION_ANNOTATION,
     FINALIZER,
     IN_USE_FINALIZER,
@@ -24,10 +24,10 @@ from controller.allocation import (
     should_yield,
     with_timestamp,
 )
-from controller.reconcilers import NotLeader, ParametersReconciler, parameters_used_by
-from dradriver import parameters as params
+from controller.claims.reconciler import NotLeader, ParametersReconciler, parameters_used_by
 from dradriver.allocator import AllocatedState, Allocator, Inventory
-from dradriver.opaqueconfig import effective_configs
+from dradriver.api import parameters as params
+from dradriver.api.opaqueconfig import effective_configs
 
 DRIVER = "dradriver.dev"
 API = f"{DRIVER}/{params.VERSION}"

@@ -1,4 +1,4 @@
-"""Fence claims: the pure rules of controller/fence.py, and the ClaimReconciler's fence
+"""Fence claims: the pure rules of controller/claims/fences.py, and the ClaimReconciler's fence
 writes against an in-memory API server (resourceVersions ordered like etcd's)."""
 
 from __future__ import annotations
@@ -11,13 +11,13 @@ from typing import Any, cast
 
 import pytest
 
-from controller import fence
-from controller.allocation import ALLOCATION_ANNOTATION, FINALIZER
-from controller.reconcilers import ClaimReconciler
+from controller.claims import fences as fence
+from controller.claims.allocation import ALLOCATION_ANNOTATION, FINALIZER
+from controller.claims.reconciler import ClaimReconciler
 from dradriver.allocator import AllocatedState, DeviceID
-from dradriver.claimannotations import CONFLICT_ANNOTATION
-from dradriver.controllerruntime import RequeueAfter
-from dradriver.kube.client import KubeAPIError
+from dradriver.api.wellknown import CONFLICT_ANNOTATION
+from dradriver.k8s.client import KubeAPIError
+from dradriver.runtime import RequeueAfter
 
 Obj = dict[str, Any]
 D: DeviceID = ("gpu.example.com", "node-1", "dev-0")

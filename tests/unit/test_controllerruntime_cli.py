@@ -8,7 +8,7 @@ import pytest
 
 from controller.app import ControllerApp, Options
 from controller.main import build_parser, main, options_from
-from dradriver.kube.client import KubeClient
+from dradriver.k8s.client import KubeClient
 
 
 def test_help_lists_the_flags(capsys: pytest.CaptureFixture[str]) -> None:

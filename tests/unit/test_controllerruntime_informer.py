@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from dradriver.controllerruntime import Backoff, Informer, RuntimeMetrics
-from dradriver.kube.client import KubeAPIError
+from dradriver.k8s.client import KubeAPIError
+from dradriver.runtime import Backoff, Informer, RuntimeMetrics
 
 Obj = dict[str, Any]
 DEADLINE = 5.0

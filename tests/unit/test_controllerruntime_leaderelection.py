@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from dradriver.controllerruntime import LeaderElectionConfig, LeaderElector, RuntimeMetrics
-from dradriver.kube.client import KubeAPIError
+from dradriver.k8s.client import KubeAPIError
+from dradriver.runtime import LeaderElectionConfig, LeaderElector, RuntimeMetrics
 
 Obj = dict[str, Any]
 LEASE = 1.0

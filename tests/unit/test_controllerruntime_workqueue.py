@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from dradriver.controllerruntime import (
+from dradriver.runtime import (
     Backoff,
     BucketRateLimiter,
     Controller,
@@ -20,7 +20,7 @@ from dradriver.controllerruntime import (
     ShutDown,
     WorkQueue,
 )
-from dradriver.controllerruntime.informer import Informer
+from dradriver.runtime.informer import Informer
 
 DEADLINE = 5.0
 

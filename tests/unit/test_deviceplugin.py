@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from dradriver.deviceplugin.server import socket_name
 from dradriver.devices.config import ConfigError, parse_config
 from dradriver.devices.model import Device
 from dradriver.devices.topology import (
@@ -15,9 +16,8 @@ from dradriver.devices.topology import (
     natural_key,
     preferred_allocation,
 )
-from dradriver.ledger import DeviceRef, PluginHold
-from dradriver.plugin.deviceplugin import socket_name
-from kubeletplugin.podresources import Assignment, ReconcilePlan, plan_reconcile
+from dradriver.host.ledger import DeviceRef, PluginHold
+from kubeletplugin.legacy.podresources import Assignment, ReconcilePlan, plan_reconcile
 
 DRIVER = "dradriver.dev"
 RES = "dradriver.dev/mock"

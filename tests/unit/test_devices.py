@@ -8,7 +8,6 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from dradriver.containeredits import ContainerEdits, DeviceNode
 from dradriver.devices.attributes import (
     BoolAttribute,
     IntAttribute,
@@ -25,6 +24,7 @@ from dradriver.devices.model import (
 )
 from dradriver.devices.names import qualify
 from dradriver.devices.quantity import QuantityError, parse_quantity, quantity_as_int
+from dradriver.host.containeredits import ContainerEdits, DeviceNode
 
 DRIVER = "dradriver.dev"
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from dradriver.hooks import Hook, HookError, run_hook
+from dradriver.host.hooks import Hook, HookError, run_hook
 
 
 def test_command_hook_sees_env(tmp_path: Path) -> None:

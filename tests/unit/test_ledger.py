@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from dradriver.ledger import (
+from dradriver.host.ledger import (
     ClaimDevice,
     ClaimHolder,
     ClaimMismatchError,

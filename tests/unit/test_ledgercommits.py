@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from dradriver.ledger import ClaimDevice, ClaimEntry, DeviceBusy, Ledger
-from dradriver.ledgercommits import GroupCommitter
+from dradriver.host.ledger import ClaimDevice, ClaimEntry, DeviceBusy, Ledger
+from dradriver.host.ledgercommits import GroupCommitter
 
 
 def excl(device: str) -> ClaimDevice:

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from controller.allocation import allocated_node
-from controller.attach import (
+from controller.claims.allocation import allocated_node
+from controller.networkpools.attach import (
     AttachError,
     AttachRequest,
     ExecAttach,
@@ -17,8 +17,9 @@ from controller.attach import (
     backend_for,
     parse_attach_output,
 )
-from controller.networkpools import pools_of_claim, same_slice
-from dradriver import networkpool as net
+from controller.networkpools.reconciler import pools_of_claim, same_slice
+from devtools import crds
+from dradriver.api import networkpool as net
 
 DRIVER = "dradriver.dev"
 
@@ -33,7 +34,7 @@ def spec(**overrides: Any) -> dict[str, Any]:
 
 
 def test_committed_crd_matches_the_models() -> None:
-    assert net.CRD_FILE.read_text() == net.crd_yaml()
+    assert crds.crd_path(net.CRD_KIND).read_text() == net.crd_yaml()
 
 
 def test_crd_is_cluster_scoped_with_status() -> None:

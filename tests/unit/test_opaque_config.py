@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from dradriver.opaqueconfig import ConfigError, effective_configs
+from dradriver.api.opaqueconfig import ConfigError, effective_configs
 
 D = "dradriver.dev"
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -10,9 +11,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel, Field
 
-from dradriver import parameters as p
-from dradriver.crdgen import structural
-from dradriver.opaqueconfig import DeviceConfig, EffectiveConfig, parse_parameters
+from devtools import crds
+from dradriver.api import parameters as p
+from dradriver.api.crdgen import structural
+from dradriver.api.opaqueconfig import DeviceConfig, EffectiveConfig, parse_parameters
 
 DRIVER = "dradriver.dev"
 API = f"{DRIVER}/v1alpha1"
@@ -35,22 +37,20 @@ def walk(node: Any, path: str = "") -> list[tuple[str, dict[str, Any]]]:
 # --- CRD --------------------------------------------------------------------------
 
 
-def test_committed_crd_matches_the_models() -> None:
-    committed = p.CRD_FILE.read_text()
-    assert committed == p.crd_yaml(), (
-        "manifests/controller/crd-deviceclaimparameters.yaml is out of date: "
-        "run python -m dradriver.parameters --write-crd"
-    )
-    assert p.main(["--check"]) == 0
+def test_committed_crds_match_the_models() -> None:
+    assert crds.main(["--check"]) == 0, "run python -m devtools.crds --write"
+    committed = crds.crd_path(p.CRD_KIND).read_text()
+    assert committed == p.crd_yaml()
 
 
-def test_check_fails_on_drift(tmp_path: Any, capsys: pytest.CaptureFixture[str]) -> None:
-    stale = tmp_path / "crd.yaml"
+def test_check_fails_on_drift(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert crds.main(["--write", "--dir", str(tmp_path)]) == 0
+    stale = tmp_path / p.CRD_FILE_NAME
     stale.write_text(p.crd_yaml().replace("maxItems: 32", "maxItems: 31"))
-    assert p.main(["--check", "--file", str(stale)]) == 1
+    assert crds.main(["--check", "--dir", str(tmp_path)]) == 1
     assert "out of date" in capsys.readouterr().out
-    assert p.main(["--write-crd", "--file", str(stale)]) == 0
-    assert p.main(["--check", "--file", str(stale)]) == 0
+    assert crds.main(["--write", "--dir", str(tmp_path)]) == 0
+    assert crds.main(["--check", "--dir", str(tmp_path)]) == 0
 
 
 def test_count_and_selectors_say_they_apply_to_controller_allocation_only() -> None:

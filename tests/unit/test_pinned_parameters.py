@@ -7,8 +7,8 @@ from typing import Any
 import pytest
 
 from controller.pinning import wanted_pins
-from dradriver import parameters as params
-from dradriver import pinnedparameters as pins
+from dradriver.api import parameters as params
+from dradriver.api import pinnedparameters as pins
 
 DRIVER = "dradriver.dev"
 API = f"{DRIVER}/{params.VERSION}"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from dradriver.plugin.slicepublisher import DroppedFieldsError, SlicePublisher, dropped_fields
+from dradriver.resourceslice.publisher import DroppedFieldsError, SlicePublisher, dropped_fields
 
 
 def test_dropped_fields_are_listed_by_path() -> None:

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from dradriver.devices.model import CounterConsumption, CounterSet, Device, DeviceTaint
 from dradriver.devices.names import validate_dns_subdomain
-from dradriver.devices.slices import (
+from dradriver.resourceslice.builder import (
     MAX_COUNTER_SETS_PER_SLICE,
     MAX_DEVICES_PER_SLICE,
     MAX_DEVICES_PER_SLICE_WITH_TAINTS_OR_COUNTERS,

@@ -17,19 +17,19 @@ from fastapi.testclient import TestClient
 from controller.app import ControllerApp, Options
 from controller.main import build_parser as controller_parser
 from controller.main import options_from
-from dradriver import networkpool as net
-from dradriver import parameters as params
-from dradriver.cluster.pki import CertificateAuthority, CertPair
-from dradriver.controllerruntime import Informer
-from dradriver.kube.client import Connection, KubeClient
-from dradriver.webhook.app import build_app
-from dradriver.webhook.register import (
+from devtools.cluster.pki import CertificateAuthority, CertPair
+from devtools.harness.webhook import (
     CLUSTER_WEBHOOK_NAME,
     WEBHOOK_NAME,
     issue_serving_cert,
     rules,
     webhook_configuration,
 )
+from dradriver.api import networkpool as net
+from dradriver.api import parameters as params
+from dradriver.k8s.client import Connection, KubeClient
+from dradriver.runtime import Informer
+from dradriver.webhook.app import build_app
 from dradriver.webhook.server import WebhookServer, build_parser, main
 from dradriver.webhook.validation import Settings, validate
 

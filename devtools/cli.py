@@ -1,0 +1,115 @@
+"""The ``dradriver cluster ...`` and ``dradriver demo`` subcommands (dev tooling).
+
+``dradriver`` (in the product) adds these when this package is installed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from devtools.cluster.binaries import BinaryError, build_dir, build_seconds, ensure_binaries
+from devtools.cluster.config import Layout, default_state_dir, parse_feature_gates
+from devtools.cluster.local import ClusterError, ComponentDied, LocalCluster
+
+ERRORS: tuple[type[Exception], ...] = (ClusterError, BinaryError, ComponentDied)
+
+
+def _cluster(args: argparse.Namespace) -> LocalCluster:
+    gates = parse_feature_gates(args.feature_gates or "")
+    return LocalCluster(Layout(state_dir=args.state_dir, nodes=args.nodes), gates)
+
+
+def cmd_build(args: argparse.Namespace) -> int:
+    ensure_binaries()
+    took = build_seconds()
+    note = f" (built in {took:.0f}s)" if took is not None else ""
+    print(f"{build_dir()}{note}")
+    return 0
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    state = _cluster(args).up()
+    timings = ", ".join(f"{k} {v:.1f}s" for k, v in state.timings.items())
+    print(f"cluster up ({timings})", file=sys.stderr)
+    print(state.kubeconfig)
+    return 0
+
+
+def cmd_down(args: argparse.Namespace) -> int:
+    _cluster(args).down()
+    print("cluster down", file=sys.stderr)
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    state = _cluster(args).state()
+    if state is None:
+        print("no local cluster")
+        return 1
+    print(f"kubeconfig: {state.kubeconfig}")
+    nodes = ", ".join(state.nodes or [state.node_name])
+    print(f"nodes:      {nodes} (node-1 kubelet root {state.kubelet_root})")
+    gates = ", ".join(f"{k}={v}" for k, v in state.feature_gates.items()) or "1.36 defaults"
+    print(f"gates:      {gates}")
+    print(f"{'COMPONENT':<26}{'PID':>8}  {'STATE':<8}{'PEAK RSS':>10}")
+    healthy = True
+    for rec in state.components:
+        alive = rec.alive()
+        healthy &= alive
+        rss = rec.peak_rss_kib()
+        rss_text = f"{rss / 1024:.0f} MiB" if rss is not None else "-"
+        print(f"{rec.name:<26}{rec.pid:>8}  {'running' if alive else 'DEAD':<8}{rss_text:>10}")
+    return 0 if healthy else 1
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from devtools.demo.main import run_demo
+
+    return run_demo(Layout(state_dir=args.state_dir), parse_feature_gates(args.feature_gates or ""))
+
+
+def with_cluster_opts(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    p.add_argument(
+        "--state-dir",
+        type=Path,
+        default=default_state_dir(),
+        help="where the cluster keeps its state (default: %(default)s; env DRADRIVER_CLUSTER_DIR)",
+    )
+    p.add_argument(
+        "--nodes",
+        type=int,
+        default=1,
+        help="number of nodes (kubelets): node-1 uses /var/lib/kubelet, node-K "
+        "/var/lib/kubelet-node-K in its own mount namespace (default: %(default)s)",
+    )
+    p.add_argument(
+        "--feature-gates",
+        default="",
+        help="Kubernetes feature gates for every component, e.g. "
+        "DRADeviceTaintRules=true (default: the 1.36 defaults)",
+    )
+    return p
+
+
+def register(sub: Any) -> None:
+    """Add ``cluster`` and ``demo`` to the ``dradriver`` command's subparsers."""
+    cluster = sub.add_parser("cluster", help="the local Kubernetes 1.36 cluster")
+    csub = cluster.add_subparsers(dest="action", required=True)
+    csub.add_parser(
+        "build", help="build (or find cached) kube binaries; print their dir"
+    ).set_defaults(func=cmd_build)
+    with_cluster_opts(
+        csub.add_parser("up", help="start the cluster; print the kubeconfig path")
+    ).set_defaults(func=cmd_up)
+    with_cluster_opts(csub.add_parser("down", help="stop the cluster and clean up")).set_defaults(
+        func=cmd_down
+    )
+    with_cluster_opts(
+        csub.add_parser("status", help="show components, PIDs and peak RSS")
+    ).set_defaults(func=cmd_status)
+    with_cluster_opts(
+        sub.add_parser("demo", help="start a cluster, run the example, tear down")
+    ).set_defaults(func=cmd_demo)

@@ -1,0 +1,48 @@
+"""Write or check the committed CRD YAML generated from dradriver's pydantic models.
+
+python -m devtools.crds --write    # regenerate manifests/controller/crd-*.yaml
+python -m devtools.crds --check    # exit 1 if a committed file is out of date
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from dradriver.api import networkpool, parameters
+from dradriver.api.crdgen import CRDKind
+
+KINDS: tuple[CRDKind, ...] = (parameters.CRD_KIND, networkpool.CRD_KIND)
+MANIFESTS = Path(__file__).resolve().parents[1] / "manifests" / "controller"
+
+
+def crd_path(kind: CRDKind, manifests: Path = MANIFESTS) -> Path:
+    return manifests / kind.file_name
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m devtools.crds", description=__doc__)
+    action = parser.add_mutually_exclusive_group(required=True)
+    action.add_argument("--write", action="store_true", help="write the CRD files")
+    action.add_argument("--check", action="store_true", help="fail if a file is out of date")
+    parser.add_argument("--dir", type=Path, default=MANIFESTS, help="default: %(default)s")
+    args = parser.parse_args(argv)
+    stale = 0
+    for kind in KINDS:
+        path = crd_path(kind, args.dir)
+        text = kind.crd_yaml()
+        if args.check:
+            if not path.exists() or path.read_text() != text:
+                print(f"{path} is out of date; run python -m devtools.crds --write")
+                stale += 1
+            continue
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+        print(f"wrote {path}")
+    return 1 if stale else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
