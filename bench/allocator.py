@@ -31,17 +31,15 @@ import resource
 import statistics
 import time
 from dataclasses import dataclass
-from typing import Any
 
 from dradriver import cel
 from dradriver.allocator import AllocatedState, Allocator, Inventory, claim_key, explain
+from dradriver.k8s.objects import Obj
 
 DRIVER = "bench.dradriver.dev"
 MODELS = ("a100", "h100", "l4", "t4")
 MEMORY = ("16Gi", "40Gi", "80Gi", "24Gi")
 VERSIONS = ("1.1.0", "1.2.3", "1.3.0-rc.1", "2.0.0")
-
-Obj = dict[str, Any]
 
 
 def rss_mib() -> float:

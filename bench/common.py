@@ -39,6 +39,7 @@ import yaml
 from devtools.cluster.api import AdminAPI, APIError, wait_until
 from devtools.cluster.binaries import cache_root
 from devtools.cluster.process import log_tail
+from dradriver.k8s.objects import Obj
 from dradriver.k8s.paths import RESOURCE_V1, path_for
 from dradriver.kubeletapi.gen import (
     dra_v1_pb2,
@@ -46,8 +47,6 @@ from dradriver.kubeletapi.gen import (
     pluginregistration_v1_pb2,
     pluginregistration_v1_pb2_grpc,
 )
-
-Obj = dict[str, Any]
 
 BENCH_NODE = "bench-node"
 GO_DRIVER = "gpu.example.com"

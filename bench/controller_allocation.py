@@ -48,7 +48,6 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
 from bench.common import free_port, percentile, table
 from controller.claims.allocation import ALLOCATION_ANNOTATION
@@ -57,10 +56,10 @@ from devtools.cluster.config import Layout, Ports
 from devtools.cluster.local import ClusterState, running_cluster
 from devtools.harness.controller import ControllerProcess, controller_kubeconfig
 from dradriver.k8s.client import KubeClient, load_connection
+from dradriver.k8s.objects import Obj
 from dradriver.k8s.paths import RESOURCE_V1, path_for
 from dradriver.runtime import Informer
 
-Obj = dict[str, Any]
 R = RESOURCE_V1
 PER_SLICE = 128
 MODELS = ("a100", "h100", "l4", "t4")

@@ -13,7 +13,6 @@ saying why, and is retried when the parameters appear or change.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import Any
 
 from controller.claims.allocation import STATUS_ANNOTATION, allocation_of, annotations_of, meta
 from controller.claims.fences import is_fence
@@ -22,13 +21,12 @@ from dradriver.allocator import claim_key
 from dradriver.api import parameters as params
 from dradriver.api import pinnedparameters as pins
 from dradriver.k8s.client import KubeAPIError, KubeClient
+from dradriver.k8s.objects import Obj
 from dradriver.k8s.paths import RESOURCE_V1, path_for
 from dradriver.log import get_logger
 from dradriver.runtime import Informer, RequeueAfter, split_key
 
 log = get_logger("controller.pinning")
-
-Obj = dict[str, Any]
 
 
 def wanted_pins(

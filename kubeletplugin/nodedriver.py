@@ -12,7 +12,7 @@ import asyncio
 import hashlib
 import json
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
 from dradriver.api import networkpool as net
 from dradriver.api import pinnedparameters as pins
@@ -24,6 +24,7 @@ from dradriver.host.hooks import Hook, HookError, run_hook
 from dradriver.host.ledger import ClaimDevice, DeviceBusy, DeviceKey, Ledger, LedgerError
 from dradriver.host.ledgercommits import GroupCommitter
 from dradriver.k8s.client import KubeAPIError, KubeClient
+from dradriver.k8s.objects import Obj
 from dradriver.k8s.paths import RESOURCE_V1, path_for
 from dradriver.log import get_logger
 from dradriver.plugin.claimlock import ClaimLocks
@@ -32,7 +33,6 @@ from kubeletplugin.inventory import Inventory
 from kubeletplugin.metrics import PluginMetrics
 
 log = get_logger("kubeletplugin.driver")
-Obj = dict[str, Any]
 
 
 class PrepareError(RuntimeError):

@@ -15,8 +15,7 @@ from typing import Any
 
 from dradriver.allocator import AllocatedState, DeviceID, claim_key
 from dradriver.api import parameters as params
-
-Obj = dict[str, Any]
+from dradriver.k8s.objects import Obj
 
 ALLOCATION_ANNOTATION = "dradriver.dev/allocation"
 """``dradriver.dev/allocation: Immediate`` on a claim asks the controller to allocate it."""

@@ -55,8 +55,7 @@ from enum import Enum
 from typing import Any
 
 from dradriver.allocator import AllocatedState, DeviceID
-
-Obj = dict[str, Any]
+from dradriver.k8s.objects import Obj
 
 FENCE_LABEL = "dradriver.dev/fence"
 """``dradriver.dev/fence: "true"`` marks a fence claim."""

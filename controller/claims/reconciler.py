@@ -16,7 +16,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 import httpx
 
@@ -54,12 +54,12 @@ from dradriver.allocator import (
 from dradriver.api import parameters as params
 from dradriver.api.wellknown import CONFLICT_ANNOTATION
 from dradriver.k8s.client import KubeAPIError, KubeClient
+from dradriver.k8s.objects import Obj
 from dradriver.k8s.paths import RESOURCE_V1, path_for
 from dradriver.log import get_logger
 from dradriver.runtime import Informer, RequeueAfter, split_key
 
 log = get_logger("controller")
-Obj = dict[str, Any]
 
 
 class NotLeader(RuntimeError):

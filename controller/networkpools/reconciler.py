@@ -46,6 +46,7 @@ from dradriver.allocator import claim_key
 from dradriver.api import networkpool as net
 from dradriver.api import parameters as params
 from dradriver.k8s.client import KubeAPIError, KubeClient
+from dradriver.k8s.objects import Obj
 from dradriver.k8s.paths import RESOURCE_V1, path_for
 from dradriver.log import get_logger
 from dradriver.resourceslice.builder import slices_equal
@@ -53,7 +54,6 @@ from dradriver.runtime import Informer, RequeueAfter
 
 log = get_logger("controller.networkpools")
 
-Obj = dict[str, Any]
 PUBLISHED = "Published"
 
 

@@ -14,12 +14,12 @@ from typing import Any, TypeVar
 
 import httpx
 
+from dradriver.k8s.objects import Obj
 from dradriver.k8s.paths import path_for
 
 __all__ = ["APIError", "AdminAPI", "path_for", "wait_until"]
 
 T = TypeVar("T")
-Obj = dict[str, Any]
 
 
 class APIError(RuntimeError):

@@ -15,7 +15,6 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from devtools.cluster.api import AdminAPI, APIError, path_for, wait_until
 from devtools.cluster.kubeletstate import kubelet_cdi_ids
@@ -25,6 +24,7 @@ from dradriver import DEFAULT_DRIVER_NAME
 from dradriver.api import networkpool as net
 from dradriver.api import parameters as params
 from dradriver.host.cdi import CDIRegistry
+from dradriver.k8s.objects import Obj
 from dradriver.k8s.paths import RESOURCE_V1
 
 DRIVER = DEFAULT_DRIVER_NAME
@@ -35,7 +35,6 @@ PAUSE = "registry.k8s.io/pause:3.10"
 POOLS = f"{DRIVER}/{net.VERSION}"
 NODE = "node-1"  # where the demo's node plugin runs (the local cluster's first node)
 WEBHOOK = "dradriver-demo-webhook"
-Obj = dict[str, Any]
 
 
 def _claim_spec(device_class: str, selector: str | None = None) -> Obj:

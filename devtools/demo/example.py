@@ -7,12 +7,9 @@ it. Until the kubelet plugin runs, the slice is published by the caller.
 
 from __future__ import annotations
 
-from typing import Any
-
 from dradriver import DEFAULT_DRIVER_NAME
+from dradriver.k8s.objects import Obj
 from dradriver.k8s.paths import RESOURCE_V1
-
-Obj = dict[str, Any]
 
 PAUSE_IMAGE = "registry.k8s.io/pause:3.10"
 

@@ -19,7 +19,6 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import yaml
 
@@ -31,13 +30,13 @@ from devtools.demo.controller import run_controller_demo
 from devtools.harness.nodeplugin import NodePlugin, start_node_plugin, wait_for_slices
 from dradriver import DEFAULT_DRIVER_NAME
 from dradriver.host.cdi import CDIRegistry
+from dradriver.k8s.objects import Obj
 from dradriver.k8s.paths import RESOURCE_V1
 
 NAMESPACE = "dradriver-demo"
 LEGACY_RESOURCE = "dradriver.dev/mock"
 DRIVER = DEFAULT_DRIVER_NAME
 PAUSE = "registry.k8s.io/pause:3.10"
-Obj = dict[str, Any]
 
 
 @dataclass

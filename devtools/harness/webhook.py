@@ -14,17 +14,16 @@ from __future__ import annotations
 
 import base64
 from pathlib import Path
-from typing import Any
 
 from devtools.cluster.pki import CertificateAuthority, CertPair
 from dradriver import DEFAULT_DRIVER_NAME
 from dradriver.api import networkpool as net
 from dradriver.api import parameters as params
+from dradriver.k8s.objects import Obj
 
 WEBHOOK_NAME = "validate.dradriver.dev"
 CLUSTER_WEBHOOK_NAME = "cluster.validate.dradriver.dev"
 """The webhook for cluster-scoped kinds when the configuration is scoped by labels."""
-Obj = dict[str, Any]
 
 
 def issue_serving_cert(pki_dir: Path, out_dir: Path, host: str = "127.0.0.1") -> CertPair:

@@ -45,6 +45,7 @@ from dradriver.allocator.nodes import (
 from dradriver.allocator.state import AllocatedState, DeviceID, claim_key
 from dradriver.cel import CompileError, Selector, compile_selector
 from dradriver.devices.quantity import QuantityError
+from dradriver.k8s.objects import Obj
 
 __all__ = [
     "MAX_RESULTS_PER_CLAIM",
@@ -60,7 +61,6 @@ __all__ = [
     "untolerated",
 ]
 
-Obj = dict[str, Any]
 MAX_RESULTS_PER_CLAIM = 32
 DEFAULT_MAX_STEPS = 1_000_000
 

@@ -30,10 +30,9 @@ from dradriver.allocator.nodes import NodeInfo, selector_matches
 from dradriver.allocator.state import DeviceID, qualify
 from dradriver.cel import DeviceInput, EvalResult, Selector
 from dradriver.devices.quantity import QuantityError, parse_quantity
+from dradriver.k8s.objects import Obj
 
 __all__ = ["Capacity", "Device", "Inventory", "Pool", "QuantityValue"]
-
-Obj = dict[str, Any]
 
 
 @dataclass(frozen=True)

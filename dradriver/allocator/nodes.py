@@ -13,9 +13,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["NodeInfo", "merge_selectors", "node_info", "node_name_selector", "selector_matches"]
+from dradriver.k8s.objects import Obj
 
-Obj = dict[str, Any]
+__all__ = ["NodeInfo", "merge_selectors", "node_info", "node_name_selector", "selector_matches"]
 
 
 @dataclass(frozen=True)

@@ -22,10 +22,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from dradriver.api.parameters import REFERENCE_KIND
+from dradriver.k8s.objects import Obj
 
 DATA_KEY = "parameters"
-
-Obj = dict[str, Any]
 
 
 class NotPinned(ValueError):

@@ -9,13 +9,11 @@ scheduler failed on.
 from __future__ import annotations
 
 import re
-from typing import Any
 
 from dradriver.allocator import AllocatedState, Allocator, Inventory, explain, format_table
 from dradriver.k8s.client import KubeAPIError, KubeClient, load_connection
+from dradriver.k8s.objects import Obj
 from dradriver.k8s.paths import RESOURCE_V1, path_for
-
-Obj = dict[str, Any]
 
 
 class ExplainError(RuntimeError):

@@ -12,10 +12,10 @@ from typing import Any
 
 import httpx
 
+from dradriver.k8s.objects import Obj
 from dradriver.log import get_logger
 
 log = get_logger("kube")
-Obj = dict[str, Any]
 SA_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 
 

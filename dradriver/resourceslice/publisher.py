@@ -17,12 +17,12 @@ from collections.abc import Callable
 from typing import Any
 
 from dradriver.k8s.client import KubeClient
+from dradriver.k8s.objects import Obj
 from dradriver.k8s.paths import RESOURCE_V1, path_for
 from dradriver.log import get_logger
 from dradriver.resourceslice.builder import slices_equal
 
 log = get_logger("plugin.slices")
-Obj = dict[str, Any]
 
 # Fields a disabled feature gate makes the apiserver drop, and the gate to check.
 GATED_FIELDS = {

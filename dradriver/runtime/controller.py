@@ -20,8 +20,9 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from dradriver.k8s.objects import Obj
 from dradriver.log import get_logger
-from dradriver.runtime.informer import Informer, Obj, object_key
+from dradriver.runtime.informer import Informer, object_key
 from dradriver.runtime.metrics import RuntimeMetrics
 from dradriver.runtime.ratelimit import RateLimiter, default_controller_rate_limiter
 from dradriver.runtime.workqueue import ShutDown, WorkQueue

@@ -26,12 +26,12 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from dradriver.k8s.client import KubeAPIError
+from dradriver.k8s.objects import Obj
 from dradriver.log import get_logger
 from dradriver.runtime.metrics import RuntimeMetrics
 from dradriver.runtime.ratelimit import Backoff
 
 log = get_logger("informer")
-Obj = dict[str, Any]
 
 AddHandler = Callable[[Obj], None]
 UpdateHandler = Callable[[Obj, Obj], None]

@@ -32,12 +32,12 @@ from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from dradriver.k8s.client import KubeAPIError
+from dradriver.k8s.objects import Obj
 from dradriver.k8s.paths import path_for
 from dradriver.log import get_logger
 from dradriver.runtime.metrics import RuntimeMetrics
 
 log = get_logger("leaderelection")
-Obj = dict[str, Any]
 COORDINATION_V1 = "coordination.k8s.io/v1"
 
 

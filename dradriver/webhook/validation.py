@@ -37,9 +37,9 @@ from dradriver.api import networkpool as net
 from dradriver.api import parameters as params
 from dradriver.api.opaqueconfig import DeviceConfig
 from dradriver.cel import validate_selector
+from dradriver.k8s.objects import Obj
 
 RESOURCE_GROUP = "resource.k8s.io"
-Obj = dict[str, Any]
 
 
 def _fields(model: type[BaseModel]) -> tuple[str, ...]:

@@ -23,12 +23,12 @@ import pytest
 from devtools.cluster.api import AdminAPI, APIError, path_for, wait_until
 from devtools.cluster.local import LocalCluster
 from dradriver.allocator import AllocatedState, Allocator, Inventory, explain, summarize
+from dradriver.k8s.objects import Obj
 from dradriver.k8s.paths import RESOURCE_V1
 
 R = RESOURCE_V1
 NODE = "node-1"
 DEADLINE = 60
-Obj = dict[str, Any]
 
 
 class Scenario:

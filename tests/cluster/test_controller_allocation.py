@@ -16,7 +16,6 @@ import uuid
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -33,13 +32,13 @@ from devtools.harness.controller import (
 )
 from dradriver.api import parameters as params
 from dradriver.api.wellknown import CONFLICT_ANNOTATION
+from dradriver.k8s.objects import Obj
 from dradriver.k8s.paths import RESOURCE_V1
 
 R = RESOURCE_V1
 NODE = "node-1"
 DEADLINE = 60
 PARAMS_API = f"dradriver.dev/{params.VERSION}"
-Obj = dict[str, Any]
 
 
 class Rig:

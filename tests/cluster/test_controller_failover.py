@@ -15,7 +15,6 @@ import tempfile
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -23,6 +22,7 @@ from controller.claims.allocation import FINALIZER, STATUS_ANNOTATION
 from devtools.cluster.api import AdminAPI, path_for, wait_until
 from devtools.cluster.local import LocalCluster
 from devtools.harness.controller import NAMESPACE, ControllerProcess, controller_kubeconfig
+from dradriver.k8s.objects import Obj
 from dradriver.k8s.paths import RESOURCE_V1
 from tests.cluster.test_controller_allocation import DEADLINE, Rig, describe, devices_of
 
@@ -30,7 +30,6 @@ CLAIMS = 30
 # Short Lease timings: the standby may take over LEASE seconds after the last renewal.
 LEASE, RENEW, RETRY = 4.0, 3.0, 0.5
 TAKEOVER = LEASE + 4 * RETRY + 10  # plus the apiserver's and the poll's latency
-Obj = dict[str, Any]
 
 
 @pytest.fixture

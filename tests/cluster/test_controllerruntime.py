@@ -12,10 +12,10 @@ import httpx
 
 from devtools.cluster.local import LocalCluster
 from dradriver.k8s.client import KubeClient, load_connection
+from dradriver.k8s.objects import Obj
 from dradriver.k8s.paths import path_for
 from dradriver.runtime import Backoff, Informer, LeaderElectionConfig, LeaderElector
 
-Obj = dict[str, Any]
 LEASE, RENEW, RETRY = 15.0, 10.0, 2.0  # the defaults the controller uses
 
 

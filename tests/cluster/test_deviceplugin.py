@@ -28,6 +28,7 @@ from devtools.cluster.local import LocalCluster
 from devtools.harness.nodeplugin import NodePlugin, node_slices, start_node_plugin
 from dradriver.host.cdi import CDIRegistry
 from dradriver.host.ledger import Ledger
+from dradriver.k8s.objects import Obj
 from dradriver.k8s.paths import RESOURCE_V1
 from dradriver.kubeletapi.gen import deviceplugin_v1beta1_pb2 as dp
 from dradriver.kubeletapi.gen import podresources_v1_pb2 as pr
@@ -42,8 +43,6 @@ R = RESOURCE_V1
 # Survives a kubelet prepare retry (~10-15 s) plus a pod-resources poll and node status sync.
 DEADLINE = 120
 ROUNDS = 4
-
-Obj = dict[str, Any]
 
 
 # ----- plugin processes -----------------------------------------------------------------

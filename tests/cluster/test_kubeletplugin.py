@@ -27,6 +27,7 @@ from dradriver.host.cdi import CDIDevice, CDIRegistry
 from dradriver.host.containeredits import ContainerEdits
 from dradriver.host.ledger import ClaimDevice, Ledger
 from dradriver.k8s.client import KubeClient, load_connection
+from dradriver.k8s.objects import Obj
 from dradriver.k8s.paths import RESOURCE_V1
 from dradriver.kubeletapi.gen import dra_v1_pb2, dra_v1_pb2_grpc
 from dradriver.resourceslice.builder import build_node_slices
@@ -39,8 +40,6 @@ R = RESOURCE_V1
 DEADLINE = 90
 PLAIN_DEVICES = 6
 ALL_DEVICES = PLAIN_DEVICES + 4
-
-Obj = dict[str, Any]
 
 
 def _config(work: Path) -> Obj:

@@ -11,7 +11,6 @@ import shutil
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
@@ -22,6 +21,7 @@ from devtools.cluster.local import LocalCluster
 from devtools.harness.controller import ControllerProcess, namespaced_controller
 from devtools.harness.nodeplugin import NodePlugin, start_node_plugin
 from dradriver.api import networkpool as net
+from dradriver.k8s.objects import Obj
 from dradriver.k8s.paths import RESOURCE_V1 as R
 
 DRIVER = "dradriver.dev"
@@ -29,7 +29,6 @@ POOLS = f"{DRIVER}/{net.VERSION}"
 DEADLINE = 90
 ATTACHED = net.attached_condition(DRIVER)
 FAILED = net.attach_failed_condition(DRIVER)
-Obj = dict[str, Any]
 
 
 @pytest.fixture(scope="module")

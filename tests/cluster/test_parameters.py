@@ -6,7 +6,6 @@ import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -21,13 +20,13 @@ from devtools.harness.controller import (
     namespaced_controller,
 )
 from dradriver.api import parameters as params
+from dradriver.k8s.objects import Obj
 from dradriver.k8s.paths import RESOURCE_V1
 from tests.cluster.test_controller_allocation import DEADLINE, NODE, Rig, devices_of
 
 API_VERSION = f"dradriver.dev/{params.VERSION}"
 # A standby takes over within the lease duration (15 s) plus two retry periods.
 TAKEOVER = 25
-Obj = dict[str, Any]
 
 
 def parameters_path(namespace: str, name: str | None = None) -> str:

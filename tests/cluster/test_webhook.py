@@ -20,7 +20,6 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
@@ -47,6 +46,7 @@ from devtools.harness.webhook import (
 )
 from dradriver.api import networkpool as net
 from dradriver.api import parameters as params
+from dradriver.k8s.objects import Obj
 from dradriver.k8s.paths import RESOURCE_V1
 
 DRIVER = "dradriver.dev"
@@ -57,7 +57,6 @@ BAD_SELECTOR = 'device.attributes["dradriver.dev"].model =='
 DENIED = f'admission webhook "{WEBHOOK_NAME}" denied the request: '
 DENIED_POOL = f'admission webhook "{CLUSTER_WEBHOOK_NAME}" denied the request: '
 POOLS = path_for(f"{DRIVER}/{net.VERSION}", net.PLURAL)
-Obj = dict[str, Any]
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ from dradriver.devices.sources import build_sources, discover_all
 from dradriver.host.cdi import CDIDevice, CDIRegistry
 from dradriver.host.containeredits import ContainerEdits
 from dradriver.host.ledger import ClaimDevice, DeviceBusy, Ledger
+from dradriver.k8s.objects import Obj
 from dradriver.kubeletapi.gen import deviceplugin_v1beta1_pb2 as dp
 from dradriver.kubeletapi.gen import deviceplugin_v1beta1_pb2_grpc as dp_grpc
 from dradriver.kubeletapi.gen import podresources_v1_pb2 as pr
@@ -37,8 +38,6 @@ DRIVER = "test.dradriver.dev"
 RESOURCE = f"{DRIVER}/mock"
 NODE = "node-1"
 WAIT = 10.0
-
-Obj = dict[str, Any]
 
 
 # ----- the fake kubelet --------------------------------------------------------------

@@ -6,8 +6,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from dradriver.allocator import Outcome
+from dradriver.k8s.objects import Obj
 
-Obj = dict[str, Any]
 DRIVER = "gpu.alloc.test"
 A = f'device.attributes["{DRIVER}"]'
 

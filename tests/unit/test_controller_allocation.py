@@ -28,10 +28,10 @@ from controller.claims.reconciler import NotLeader, ParametersReconciler, parame
 from dradriver.allocator import AllocatedState, Allocator, Inventory
 from dradriver.api import parameters as params
 from dradriver.api.opaqueconfig import effective_configs
+from dradriver.k8s.objects import Obj
 
 DRIVER = "dradriver.dev"
 API = f"{DRIVER}/{params.VERSION}"
-Obj = dict[str, Any]
 
 
 def claim(

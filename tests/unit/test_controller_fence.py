@@ -17,9 +17,9 @@ from controller.claims.reconciler import ClaimReconciler
 from dradriver.allocator import AllocatedState, DeviceID
 from dradriver.api.wellknown import CONFLICT_ANNOTATION
 from dradriver.k8s.client import KubeAPIError
+from dradriver.k8s.objects import Obj
 from dradriver.runtime import RequeueAfter
 
-Obj = dict[str, Any]
 D: DeviceID = ("gpu.example.com", "node-1", "dev-0")
 E: DeviceID = ("gpu.example.com", "node-1", "dev-1")
 FNS = "dradriver"

@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 
 from dradriver.k8s.client import KubeAPIError
+from dradriver.k8s.objects import Obj
 from dradriver.runtime import Backoff, Informer, RuntimeMetrics
 
-Obj = dict[str, Any]
 DEADLINE = 5.0
 
 

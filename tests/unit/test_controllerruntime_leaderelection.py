@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 
 from dradriver.k8s.client import KubeAPIError
+from dradriver.k8s.objects import Obj
 from dradriver.runtime import LeaderElectionConfig, LeaderElector, RuntimeMetrics
 
-Obj = dict[str, Any]
 LEASE = 1.0
 RENEW = 0.6
 RETRY = 0.1

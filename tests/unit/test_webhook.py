@@ -28,12 +28,12 @@ from devtools.harness.webhook import (
 from dradriver.api import networkpool as net
 from dradriver.api import parameters as params
 from dradriver.k8s.client import Connection, KubeClient
+from dradriver.k8s.objects import Obj
 from dradriver.runtime import Informer
 from dradriver.webhook.app import build_app
 from dradriver.webhook.server import WebhookServer, build_parser, main
 from dradriver.webhook.validation import Settings, validate
 
-Obj = dict[str, Any]
 DRIVER = "dradriver.dev"
 API_VERSION = f"{DRIVER}/{params.VERSION}"
 GOOD_SELECTOR = 'device.attributes["dradriver.dev"].model == "mock"'
