@@ -11,11 +11,12 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from devtools import paths
 from dradriver.api import networkpool, parameters
 from dradriver.api.crdgen import CRDKind
 
 KINDS: tuple[CRDKind, ...] = (parameters.CRD_KIND, networkpool.CRD_KIND)
-MANIFESTS = Path(__file__).resolve().parents[1] / "manifests" / "controller"
+MANIFESTS = paths.MANIFESTS / "controller"
 
 
 def crd_path(kind: CRDKind, manifests: Path = MANIFESTS) -> Path:

@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from devtools import paths
 from dradriver.log import get_logger
 
 log = get_logger("cluster.binaries")
@@ -39,7 +40,7 @@ class BinaryError(RuntimeError):
 
 
 def repo_root() -> Path:
-    return Path(__file__).resolve().parents[2]
+    return paths.REPO
 
 
 def module_dir() -> Path:

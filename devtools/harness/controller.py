@@ -20,6 +20,7 @@ from typing import Any
 
 import httpx
 
+from devtools import paths
 from devtools.cluster.api import AdminAPI, APIError, path_for, wait_until
 from devtools.cluster.local import LocalCluster
 from devtools.cluster.process import log_tail
@@ -35,7 +36,7 @@ from dradriver.api import networkpool as net
 
 NAMESPACE = "dradriver"
 SERVICE_ACCOUNT = "dradriver-controller"
-MANIFESTS = Path(__file__).resolve().parents[1] / "manifests" / "controller"
+MANIFESTS = paths.MANIFESTS / "controller"
 CRD_NAME = "deviceclaimparameters.dradriver.dev"
 CRD_NAMES = (CRD_NAME, "networkdevicepools.dradriver.dev")
 WEBHOOK_CONFIGURATIONS = "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations"

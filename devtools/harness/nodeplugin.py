@@ -19,6 +19,7 @@ from typing import Any
 import httpx
 import yaml
 
+from devtools import paths
 from devtools.cluster.api import AdminAPI, APIError, path_for, wait_until
 from devtools.cluster.config import write_kubeconfig
 from devtools.cluster.local import LocalCluster
@@ -27,7 +28,7 @@ from dradriver.k8s.paths import RESOURCE_V1
 
 NAMESPACE = "dradriver"
 SERVICE_ACCOUNT = "dradriver-kubeletplugin"
-MANIFESTS = Path(__file__).resolve().parents[2] / "manifests"
+MANIFESTS = paths.MANIFESTS
 PLUGIN_MANIFESTS = ("rbac.yaml", "slice-node-policy.yaml", "deviceclass.yaml")
 
 # kind -> (apiVersion path segment, plural, namespaced)
