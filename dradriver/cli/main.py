@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from importlib.metadata import entry_points
+from typing import Any
 
 from dradriver import __version__
 from dradriver.log import configure
@@ -19,12 +21,13 @@ def _no_devtools(args: argparse.Namespace) -> int:
     return 2
 
 
-def _errors() -> tuple[type[Exception], ...]:
-    try:
-        from devtools.cli import ERRORS
-    except ImportError:
-        return ()
-    return ERRORS
+COMMAND_PLUGINS = "dradriver.commands"
+"""Entry-point group through which other distributions add subcommands (devtools adds
+``cluster`` and ``demo``); the core knows none of them by name."""
+
+
+def _plugins() -> list[Any]:
+    return [ep.load() for ep in entry_points(group=COMMAND_PLUGINS)]
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
@@ -70,20 +73,21 @@ def build_parser() -> argparse.ArgumentParser:
         'DeviceClasses name (device.driver == "...")',
     )
     explain.set_defaults(func=cmd_explain)
-    try:
-        from devtools.cli import register
-    except ImportError:
+    plugins = _plugins()
+    for plugin in plugins:
+        plugin.register(sub)
+    if not plugins:
         for name in ("cluster", "demo"):
             sub.add_parser(name, help="needs the dev tools").set_defaults(func=_no_devtools)
-    else:
-        register(sub)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     configure(args.log_level)
-    errors: tuple[type[Exception], ...] = (*_errors(), ValueError, RuntimeError)
+    errors: tuple[type[Exception], ...] = (ValueError, RuntimeError)
+    for plugin in _plugins():
+        errors += tuple(plugin.ERRORS)
     try:
         code: int = args.func(args)
     except errors as e:

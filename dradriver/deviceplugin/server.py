@@ -39,8 +39,8 @@ from dradriver.kubeletapi import (
 )
 from dradriver.kubeletapi.gen import deviceplugin_v1beta1_pb2 as pb
 from dradriver.kubeletapi.gen import deviceplugin_v1beta1_pb2_grpc as pb_grpc
+from dradriver.kubeletapi.sockets import serve_unix
 from dradriver.log import get_logger
-from dradriver.plugin.helper import serve_unix
 
 log = get_logger("plugin.deviceplugin")
 
