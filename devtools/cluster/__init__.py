@@ -1,0 +1,1 @@
+"""The project's local Kubernetes cluster: real kube components on loopback."""
