@@ -1,0 +1,3 @@
+module dradriver.dev/runtimebin
+
+go 1.26.0

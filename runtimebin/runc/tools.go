@@ -1,0 +1,12 @@
+//go:build tools
+
+// Package tools pins github.com/opencontainers/runc v1.5.3.
+// This module requires nothing else, so go.mod and go.sum hold exactly the
+// dependency versions upstream's own go.mod selects; a shared module would let
+// the other runtime parts raise them. The file is never compiled (build tag
+// "tools"); devtools/cluster/runtimebin.py builds the packages below.
+package tools
+
+import (
+	_ "github.com/opencontainers/runc"
+)
