@@ -52,6 +52,37 @@ def test_go_regexp_results(expression: str) -> None:
     assert result == cel.MATCH, result
 
 
+@pytest.mark.parametrize(
+    ("pattern", "detail"),
+    [
+        (r"(a)\\1", "invalid escape sequence"),  # backreference
+        ("a(?=b)", "invalid perl operator"),  # lookahead
+        ("a(?<!b)", "invalid"),  # lookbehind
+        ("(a", "missing )"),
+    ],
+)
+@pytest.mark.parametrize("function", ["find", "findAll", "matches"])
+def test_literal_pattern_that_re2_rejects_is_a_compile_error(
+    function: str, pattern: str, detail: str
+) -> None:
+    expression = {
+        "find": f'{A}.s.find("{pattern}") != ""',
+        "findAll": f'{A}.s.findAll("{pattern}").size() > 0',
+        "matches": f'{A}.s.matches("{pattern}")',
+    }[function]
+    with pytest.raises(cel.CompileError) as error:
+        cel.compile_selector(expression)
+    message = error.value.message
+    assert f"{function}(): invalid regular expression" in message, message
+    assert "RE2 syntax" in message and detail in message, message
+    assert cel.validate_selector(expression) == message  # what the webhook reports
+
+
+def test_global_matches_literal_is_checked_too() -> None:
+    with pytest.raises(cel.CompileError, match="invalid regular expression"):
+        cel.compile_selector(f'matches({A}.s, "a(?=b)")')
+
+
 def test_pattern_that_re2_rejects_at_run_time_does_not_match_with_the_reason() -> None:
     result = evaluate(f'{A}.s.find({A}.p) == ""', {"s": "ab", "p": "a(?=b)"})
     assert not result.matched
