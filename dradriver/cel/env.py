@@ -43,11 +43,16 @@ selectors without callbacks do not grow). What this adapter does about it:
    device content fingerprint) in a bounded cache, so re-allocating against unchanged
    ResourceSlices makes no new callbacks: leaked memory grows with the number of distinct
    (selector, device) pairs ever seen, not with the number of allocation attempts.
-3. Every callback is counted; :func:`stats` reports the count and the estimated leak, and
-   ``over_budget`` once it passes :func:`set_callback_budget` (default 500 000 calls, about
-   600 MB), which a long-running process can use to restart itself (the controller is
-   leader-elected, so a standby takes over). Re-measure with
-   ``tests/unit/test_cel_leak.py`` when upgrading cel-expr-python.
+3. Selectors that still call Python are evaluated in a child process that is replaced
+   after a number of callbacks (:mod:`dradriver.cel.worker`, :func:`configure`; default
+   50 000, about 60 MB): recycling the environment and programs in-process frees nothing
+   (the leaked objects keep a reference), the child's exit does. The child also bounds
+   the time of one evaluation (5 s). Selectors without callbacks stay in this process.
+   In-process callbacks (worker turned off) are counted; :func:`stats` reports them, the
+   estimated leak and ``over_budget`` (:func:`set_callback_budget`), and the worker's
+   evaluations, starts, recycles and timeouts. Re-measure with
+   ``tests/unit/test_cel_leak.py`` and ``bench/cel_leak.py`` when upgrading
+   cel-expr-python.
 
 Evaluations pass the device as ``eval(data=...)``: measured as fast as a reused
 ``Activation`` for these small inputs (~100 000 evaluations/s without callbacks), and it
@@ -57,8 +62,10 @@ growing with every evaluation's temporaries).
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import json
+import os
 import re
 import threading
 from collections import OrderedDict
@@ -68,7 +75,7 @@ from typing import Any
 
 import cel_expr_python.cel as cel
 
-from dradriver.cel import _types, ast, cost, library, rewrite
+from dradriver.cel import _types, ast, cost, library, rewrite, worker
 from dradriver.cel.quantity import QuantityError, parse_nanos
 from dradriver.cel.semver import SemverError, parse_semver
 
@@ -85,6 +92,7 @@ __all__ = [
     "EvalResult",
     "Selector",
     "compile_selector",
+    "configure",
     "device_input",
     "set_callback_budget",
     "stats",
@@ -147,6 +155,14 @@ class CelStats:
     result_cache_size: int = 0
     callback_calls: int = 0
     callback_budget: int = 0
+    worker_enabled: bool = False
+    worker_evaluations: int = 0
+    worker_starts: int = 0
+    worker_recycles: int = 0
+    worker_timeouts: int = 0
+    worker_failures: int = 0
+    worker_callbacks: int = 0
+    worker_callbacks_total: int = 0
 
     @property
     def estimated_leak_bytes(self) -> int:
@@ -335,7 +351,13 @@ class Selector:
         if cached is not None:
             _COUNTERS.result_cache_hits += 1
             return cached
-        result = self._run(device)
+        child = _worker()
+        if child is None:
+            result = self._run(device)
+        else:
+            _COUNTERS.evaluations += 1
+            matched, error = child.evaluate(self.expression, device.driver, device.device)
+            result = MATCH if matched else NO_MATCH if error is None else EvalResult(False, error)
         if len(_RESULTS) >= RESULT_CACHE_SIZE:
             _RESULTS.pop(next(iter(_RESULTS)))
         _RESULTS[key] = result
@@ -507,11 +529,61 @@ def runtime_message(text: str) -> str:
 
 
 def set_callback_budget(calls: int) -> None:
-    """After how many Python callbacks in this process :func:`stats` reports ``over_budget``."""
+    """After how many Python callbacks in this process :func:`stats` reports ``over_budget``.
+
+    With the worker (the default) callbacks happen in the recycled child, not here; see
+    :func:`configure` for its recycling threshold.
+    """
     _COUNTERS.callback_budget = calls
 
 
+_WORKER_LOCK = threading.Lock()
+_WORKER_ENABLED = os.environ.get("DRADRIVER_CEL_WORKER", "1") != "0"
+_WORKER: worker.Worker | None = None
+
+
+def configure(
+    *,
+    use_worker: bool | None = None,
+    recycle_after: int | None = None,
+    timeout: float | None = None,
+) -> None:
+    """How selectors that call Python are evaluated (see :mod:`dradriver.cel.worker`).
+
+    ``use_worker``: in a recycled child process (default; ``DRADRIVER_CEL_WORKER=0`` turns
+    it off) or in this process (the leak then grows without bound). ``recycle_after``: the
+    child's callback count after which it is replaced. ``timeout``: seconds an evaluation
+    in the child may take before it is stopped and counted as a non-match.
+    """
+    global _WORKER_ENABLED
+    with _WORKER_LOCK:
+        if use_worker is not None:
+            _WORKER_ENABLED = use_worker
+        child = _WORKER or _new_worker()
+        if recycle_after is not None:
+            child.recycle_after = recycle_after
+        if timeout is not None:
+            child.timeout = timeout
+
+
+def _new_worker() -> worker.Worker:
+    global _WORKER
+    _WORKER = worker.Worker()
+    atexit.register(_WORKER.close)
+    return _WORKER
+
+
+def _worker() -> worker.Worker | None:
+    if not _WORKER_ENABLED:
+        return None
+    if _WORKER is not None:
+        return _WORKER
+    with _WORKER_LOCK:
+        return _WORKER or _new_worker()
+
+
 def stats() -> CelStats:
+    w = _WORKER.stats if _WORKER is not None else worker.WorkerStats()
     return CelStats(
         compiles=_COUNTERS.compiles,
         compile_cache_hits=_COUNTERS.compile_cache_hits,
@@ -520,6 +592,14 @@ def stats() -> CelStats:
         result_cache_size=len(_RESULTS),
         callback_calls=library.CALLBACKS.calls,
         callback_budget=_COUNTERS.callback_budget,
+        worker_enabled=_WORKER_ENABLED,
+        worker_evaluations=w.evaluations,
+        worker_starts=w.starts,
+        worker_recycles=w.recycles,
+        worker_timeouts=w.timeouts,
+        worker_failures=w.failures,
+        worker_callbacks=w.callbacks,
+        worker_callbacks_total=w.callbacks_total,
     )
 
 
