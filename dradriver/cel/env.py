@@ -476,8 +476,13 @@ def _compile(expression: str) -> Selector | CompileError:
         return Selector(expression, expression, checked, estimated)
     try:
         program = env.compile(rewritten)
-    except RuntimeError as e:  # should not happen: the rewrite keeps a valid expression valid
-        return CompileError(expression, "internal rewrite failed: " + compile_message(str(e)))
+    except RuntimeError:
+        # Inlined comparisons nest deeper; near cel-cpp's parse depth limit keep the calls.
+        rewritten = rewrite.rewrite(expression, inline=False)
+        try:
+            program = env.compile(rewritten) if rewritten != expression else checked
+        except RuntimeError as e:  # should not happen: the rewrite keeps valid text valid
+            return CompileError(expression, "internal rewrite failed: " + compile_message(str(e)))
     return Selector(expression, rewritten, program, estimated)
 
 
