@@ -108,7 +108,7 @@ def in_worker(n: int, recycle_after: int) -> Row:
 
     def run(i: int) -> None:
         nonlocal peak
-        assert child.evaluate(SELECTOR, DRIVER, devices[i % len(devices)]) == (True, None)
+        assert child.evaluate(SELECTOR, DRIVER, devices[i % len(devices)]) == (True, None, False)
         proc = child._proc
         if proc is not None and i % 500 == 0:
             peak = max(peak, rss(proc.pid))

@@ -356,8 +356,16 @@ class Selector:
             result = self._run(device)
         else:
             _COUNTERS.evaluations += 1
-            matched, error = child.evaluate(self.expression, device.driver, device.device)
-            result = MATCH if matched else NO_MATCH if error is None else EvalResult(False, error)
+            answer = child.evaluate(self.expression, device.driver, device.device)
+            if answer.transient:  # the child failed: try again next time
+                return EvalResult(False, answer.error)
+            result = (
+                MATCH
+                if answer.matched
+                else NO_MATCH
+                if answer.error is None
+                else EvalResult(False, answer.error)
+            )
         if len(_RESULTS) >= RESULT_CACHE_SIZE:
             _RESULTS.pop(next(iter(_RESULTS)))
         _RESULTS[key] = result

@@ -32,9 +32,9 @@ import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
-__all__ = ["EVAL_TIMEOUT", "RECYCLE_AFTER_CALLBACKS", "Worker", "WorkerStats", "main"]
+__all__ = ["EVAL_TIMEOUT", "RECYCLE_AFTER_CALLBACKS", "Answer", "Worker", "WorkerStats", "main"]
 
 RECYCLE_AFTER_CALLBACKS = 50_000
 EVAL_TIMEOUT = 5.0
@@ -51,6 +51,12 @@ class WorkerStats:
     failures: int = 0
     callbacks: int = 0  # made by the current child
     callbacks_total: int = 0  # made by all children so far
+
+
+class Answer(NamedTuple):
+    matched: bool
+    error: str | None
+    transient: bool = False  # the child failed (timeout, exit): do not memoise
 
 
 class WorkerError(RuntimeError):
@@ -74,10 +80,8 @@ class Worker:
         self._proc: subprocess.Popen[bytes] | None = None
         self._buffer = b""
 
-    def evaluate(
-        self, expression: str, driver: str, device: Mapping[str, Any]
-    ) -> tuple[bool, str | None]:
-        """(matched, error) for one device; failures of the child are a reason, not raised."""
+    def evaluate(self, expression: str, driver: str, device: Mapping[str, Any]) -> Answer:
+        """The result for one device; a failure of the child is a reason, not raised."""
         request = json.dumps(
             {"expression": expression, "driver": driver, "device": device},
             separators=(",", ":"),
@@ -91,7 +95,7 @@ class Worker:
                 reply = self._call(request + b"\n", self.timeout)
             except WorkerError as e:
                 self._stop(kill=True)
-                return False, str(e)
+                return Answer(False, str(e), transient=True)
             calls = int(reply.get("callbacks", 0))
             self.stats.callbacks_total += max(0, calls - self.stats.callbacks)
             self.stats.callbacks = calls
@@ -99,7 +103,7 @@ class Worker:
                 self.stats.recycles += 1
                 self._stop(kill=False)
             error = reply.get("error")
-            return bool(reply.get("matched")) and error is None, error
+            return Answer(bool(reply.get("matched")) and error is None, error)
 
     def close(self) -> None:
         with self._lock:
