@@ -4,11 +4,16 @@ cel-expr-python (cel-cpp underneath) cannot pass opaque Python objects through C
 ("Unimplemented type"), so the two Kubernetes value types are protobuf messages built at
 import time in a private descriptor pool (the pool is handed to ``cel.NewEnv``):
 
-* ``kubernetes.Quantity { string nanos = 1; }`` - the exact value as an integer count of
-  10⁻⁹ units written in decimal. Message equality is then numeric equality, like Go's
-  ``Quantity.Equal`` (``quantity("1Gi") == quantity("1024Mi")``).
-* ``kubernetes.Semver { int64 major, minor, patch; string pre; }`` - build metadata is
-  left out, so equality ignores it like Go's ``Version.EQ``.
+* ``kubernetes.Quantity { string nanos = 1; string key = 2; }`` - the exact value as an
+  integer count of 10⁻⁹ units written in decimal. Message equality is then numeric
+  equality, like Go's ``Quantity.Equal`` (``quantity("1Gi") == quantity("1024Mi")``).
+* ``kubernetes.Semver { int64 major, minor, patch; string pre; string key = 5; }`` - build
+  metadata is left out, so equality ignores it like Go's ``Version.EQ``.
+
+``key`` is derived from the value (so it does not change equality) and sorts as the values
+do: comparing two keys with CEL's string ``<`` is ``compareTo`` (:func:`quantity_key`,
+:func:`semver_key`). :mod:`dradriver.cel.rewrite` uses it to compare in CEL itself, without
+a Python callback (each callback leaks in cel-expr-python 0.1.3).
 
 The type names are reserved: a selector that names them directly is refused at compile
 time (Go has no such constructors).
@@ -31,8 +36,10 @@ __all__ = [
     "SemverMessage",
     "is_quantity",
     "is_semver",
+    "quantity_key",
     "quantity_message",
     "quantity_nanos",
+    "semver_key",
     "semver_message",
     "semver_value",
 ]
@@ -48,10 +55,12 @@ def _build_pool() -> descriptor_pool.DescriptorPool:
     f = descriptor_pb2.FieldDescriptorProto
     quantity = fdp.message_type.add(name="Quantity")
     quantity.field.add(name="nanos", number=1, type=f.TYPE_STRING, label=f.LABEL_OPTIONAL)
+    quantity.field.add(name="key", number=2, type=f.TYPE_STRING, label=f.LABEL_OPTIONAL)
     semver = fdp.message_type.add(name="Semver")
     for number, name in enumerate(("major", "minor", "patch"), start=1):
         semver.field.add(name=name, number=number, type=f.TYPE_INT64, label=f.LABEL_OPTIONAL)
     semver.field.add(name="pre", number=4, type=f.TYPE_STRING, label=f.LABEL_OPTIONAL)
+    semver.field.add(name="key", number=5, type=f.TYPE_STRING, label=f.LABEL_OPTIONAL)
     pool = descriptor_pool.DescriptorPool()
     pool.Add(fdp)
     return pool
@@ -66,8 +75,40 @@ SemverMessage: type[Message] = message_factory.GetMessageClass(
 )
 
 
+_COMPLEMENT = str.maketrans("0123456789", "9876543210")
+
+
+def _number_key(n: int) -> str:
+    """A prefix-free key of a non-negative integer that sorts numerically."""
+    digits = str(n)
+    size = str(len(digits))
+    return f"{len(size)}{size}{digits}"
+
+
+def quantity_key(nanos: int) -> str:
+    """Sorts like the quantity: negatives first ("0" + complemented), then the rest."""
+    if nanos >= 0:
+        return "1" + _number_key(nanos)
+    return "0" + _number_key(-nanos).translate(_COMPLEMENT)
+
+
+def semver_key(version: Semver) -> str:
+    """Sorts by SemVer precedence: major, minor, patch, then the pre-release identifiers
+    (numeric ones numerically and below alphanumeric ones, a shorter list first, no
+    pre-release highest)."""
+    parts = [_number_key(version.major), _number_key(version.minor), _number_key(version.patch)]
+    if not version.pre:
+        parts.append("~")  # above "0"/"1", the first character of every identifier below
+    for ident in version.pre.split(".") if version.pre else ():
+        if ident.isdigit():
+            parts.append("0" + _number_key(int(ident)))
+        else:
+            parts.append("1" + ident + "!")  # "!" sorts below [0-9A-Za-z-]
+    return "".join(parts)
+
+
 def quantity_message(nanos: int) -> Message:
-    return QuantityMessage(nanos=str(nanos))
+    return QuantityMessage(nanos=str(nanos), key=quantity_key(nanos))
 
 
 def quantity_nanos(message: Any) -> int:
@@ -76,7 +117,11 @@ def quantity_nanos(message: Any) -> int:
 
 def semver_message(version: Semver) -> Message:
     return SemverMessage(
-        major=version.major, minor=version.minor, patch=version.patch, pre=version.pre
+        major=version.major,
+        minor=version.minor,
+        patch=version.patch,
+        pre=version.pre,
+        key=semver_key(version),
     )
 
 

@@ -11,8 +11,12 @@ Implemented (Kubernetes ``k8s.io/apiserver/pkg/cel/library``):
 * DRA: ``x.includes(v)`` on a list attribute (at most 48 elements) or a scalar.
 * k8s Lists: ``l.isSorted()``, ``l.sum()``, ``l.min()``, ``l.max()``, ``l.indexOf(v)``,
   ``l.lastIndexOf(v)``.
-* k8s Regex: ``s.find(re)``, ``s.findAll(re)``, ``s.findAll(re, limit)`` (Python ``re``
-  syntax, which accepts the RE2 patterns selectors use in practice).
+* k8s Regex: ``s.find(re)``, ``s.findAll(re)``, ``s.findAll(re, limit)`` with RE2 syntax
+  and Go's ``regexp`` semantics, on the linear-time RE2 engine (``google-re2``): a
+  pathological pattern such as ``^(a+)+$`` cannot backtrack. Patterns RE2 rejects
+  (backreferences, lookaround) are a compile error when literal (:func:`regex_problem`,
+  used by :mod:`dradriver.cel.env`) and an evaluation error otherwise. ``matches`` is
+  cel-cpp's own, also RE2.
 
 Not implemented (a selector using them fails to compile with "undeclared reference"):
 the k8s URL, IP, CIDR and Format libraries, and Authz (unusable in DRA anyway).
@@ -32,18 +36,18 @@ from __future__ import annotations
 
 import functools
 import math
-import re
 from collections.abc import Callable
 from decimal import Decimal
 from typing import Any
 
 import cel_expr_python.cel as cel
+import re2  # type: ignore[import-untyped]  # google-re2 ships no type information
 
 from dradriver.cel import _types
 from dradriver.cel.quantity import INT64_MAX, QuantityError, nanos_to_decimal, parse_nanos
 from dradriver.cel.semver import Semver, SemverError, compare_semver, parse_semver
 
-__all__ = ["CALLBACKS", "CALLBACK_FUNCTIONS", "extension"]
+__all__ = ["CALLBACKS", "CALLBACK_FUNCTIONS", "REGEX_FUNCTIONS", "extension", "regex_problem"]
 
 MAX_LIST_INCLUDES = 48
 INT64_MIN = -(2**63)
@@ -256,12 +260,35 @@ def _last_index_of(values: list[Any], value: Any) -> int:
     return -1
 
 
+_RE2_OPTIONS = re2.Options()
+_RE2_OPTIONS.log_errors = False  # RE2 would log every invalid pattern to stderr
+
+REGEX_FUNCTIONS = frozenset({"matches", "find", "findAll"})
+"""Functions whose pattern argument is an RE2 regular expression."""
+
+
 @functools.lru_cache(maxsize=256)
-def _regex(pattern: str) -> re.Pattern[str]:
+def _compiled(pattern: str) -> Any:
     try:
-        return re.compile(pattern)
-    except re.error as e:
-        raise ValueError(f"invalid regular expression {pattern!r}: {e}") from None
+        return re2.compile(pattern, _RE2_OPTIONS)
+    except re2.error as e:
+        detail = e.args[0] if e.args else e
+        if isinstance(detail, bytes):
+            detail = detail.decode(errors="replace")
+        return f"invalid regular expression {pattern!r} (RE2 syntax): {detail}"
+
+
+def regex_problem(pattern: str) -> str | None:
+    """Why RE2 (Kubernetes' regular expression syntax) rejects ``pattern``, or None."""
+    compiled = _compiled(pattern)
+    return compiled if isinstance(compiled, str) else None
+
+
+def _regex(pattern: str) -> Any:
+    compiled = _compiled(pattern)
+    if isinstance(compiled, str):
+        raise ValueError(compiled)
+    return compiled
 
 
 def _find(text: str, pattern: str) -> str:
@@ -270,10 +297,25 @@ def _find(text: str, pattern: str) -> str:
 
 
 def _find_all(text: str, pattern: str, limit: int = -1) -> list[str]:
-    if limit == 0:
-        return []
-    found = [m.group(0) for m in _regex(pattern).finditer(text)]
-    return found if limit < 0 else found[:limit]
+    """Go's ``Regexp.FindAllString``: an empty match right after a match is skipped."""
+    regex = _regex(pattern)
+    found: list[str] = []
+    pos, prev_end, end = 0, -1, len(text)
+    while (limit < 0 or len(found) < limit) and pos <= end:
+        match = regex.search(text, pos)
+        if match is None:
+            break
+        start, stop = match.span()
+        accept = True
+        if stop == start:  # an empty match: step one character on
+            accept = start != prev_end
+            pos = stop + 1
+        else:
+            pos = stop
+        prev_end = stop
+        if accept:
+            found.append(match.group(0))
+    return found
 
 
 def _counted(fn: Callable[..., Any]) -> Callable[..., Any]:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from dradriver.cel._types import quantity_key, semver_key
 from dradriver.cel.quantity import QuantityError, parse_nanos
 from dradriver.cel.semver import SemverError, parse_semver
 
@@ -165,15 +166,16 @@ def _fold_call(tokens: list[Token], i: int, hi: int) -> tuple[str, int] | None:
             nanos = parse_nanos(literal)
         except QuantityError:
             return None
-        return f'kubernetes.Quantity{{nanos: "{nanos}"}}', after + 1
+        return f'kubernetes.Quantity{{nanos: "{nanos}", key: "{quantity_key(nanos)}"}}', after + 1
     try:
         version = parse_semver(literal, normalize)
     except SemverError:
         return None
-    # Pre-release identifiers are [0-9A-Za-z-.], safe inside a CEL string literal.
+    # Pre-release identifiers are [0-9A-Za-z-.], safe inside a CEL string literal (the key
+    # adds digits, "~" and "!").
     return (
         f"kubernetes.Semver{{major: {version.major}, minor: {version.minor}, "
-        f'patch: {version.patch}, pre: "{version.pre}"}}',
+        f'patch: {version.patch}, pre: "{version.pre}", key: "{semver_key(version)}"}}',
         after + 1,
     )
 
@@ -222,10 +224,160 @@ def _domain_lookup(tokens: list[Token], i: int, hi: int) -> tuple[str, int] | No
     return f"(({key}) in device.{name} ? device.{name}[{key}] : {{}})", close + 1
 
 
-def rewrite(expression: str) -> str:
-    """``expression`` with the unknown-domain guard and literal folding applied."""
+def rewrite(expression: str, inline: bool = True) -> str:
+    """``expression`` with the unknown-domain guard, literal folding and (``inline``) the
+    comparisons written in CEL."""
     tokens = tokenize(expression)
-    return _emit(tokens, 0, len(tokens))
+    text = _emit(tokens, 0, len(tokens))
+    return inline_comparisons(text) if inline else text
+
+
+# --- comparisons in CEL itself ------------------------------------------------------------
+
+COMPARISONS = {
+    "compareTo": "(_dra_l.key < _dra_r.key ? -1 : _dra_l.key == _dra_r.key ? 0 : 1)",
+    "isGreaterThan": "_dra_l.key > _dra_r.key",
+    "isLessThan": "_dra_l.key < _dra_r.key",
+}
+"""Member functions on Quantity/Semver that :func:`inline_comparisons` writes in CEL."""
+
+RESERVED_PREFIX = "_dra_"
+
+_SAME_TYPE = (
+    "(type(_dra_l) == kubernetes.Quantity && type(_dra_r) == kubernetes.Quantity || "
+    "type(_dra_l) == kubernetes.Semver && type(_dra_r) == kubernetes.Semver)"
+)
+
+
+def _postfix_end(token: Token) -> bool:
+    """Whether ``token`` can end an operand that ``.f(...)``/``[...]`` applies to."""
+    if token.kind == STRING:
+        return True
+    if token.kind == IDENT:
+        return token.text != "in"
+    return token.text in (")", "]", "}")
+
+
+def _opening(tokens: list[Token], close: int, open_: str, close_: str) -> int | None:
+    depth = 0
+    for k in range(close, -1, -1):
+        if tokens[k].kind != OTHER:
+            continue
+        if tokens[k].text == close_:
+            depth += 1
+        elif tokens[k].text == open_:
+            depth -= 1
+            if depth == 0:
+                return k
+    return None
+
+
+_PAIRS = {")": "(", "]": "[", "}": "{"}
+
+
+def _receiver_start(tokens: list[Token], dot: int) -> int | None:
+    """Index of the first token of the member operand that ends just before ``dot``.
+
+    CEL's member expressions: a primary (identifier, call, literal, ``(...)``, ``[...]``,
+    ``{...}``, ``Name{...}``) followed by ``.f``, ``.?f``, ``.f(...)``, ``[k]``, ``[?k]``.
+    None when the text before ``dot`` is not something this walk understands.
+    """
+    i = _prev(tokens, dot)
+    while i >= 0:
+        token = tokens[i]
+        if token.kind == OTHER and token.text in _PAIRS:
+            start = _opening(tokens, i, _PAIRS[token.text], token.text)
+            if start is None:
+                return None
+            before = _prev(tokens, start)
+            if token.text == "]" and before >= 0 and _postfix_end(tokens[before]):
+                i = before  # an index: the indexed operand continues
+                continue
+            if token.text in ")}" and before >= 0 and tokens[before].kind == IDENT:
+                if tokens[before].text == "in":
+                    return start
+                start = before  # a call f(...) or a message Name{...}
+        elif token.kind in (IDENT, STRING):
+            if token.kind == IDENT and token.text == "in":
+                return None
+            start = i
+        else:
+            return None
+        p = _prev(tokens, start)
+        if p >= 0 and tokens[p].text == "?":
+            q = _prev(tokens, p)
+            if q >= 0 and tokens[q].text == ".":
+                p = q
+        if p >= 0 and tokens[p].text == "." and tokens[start].kind == IDENT:
+            operand = _prev(tokens, p)
+            if operand < 0 or not _postfix_end(tokens[operand]):
+                return p  # a leading-dot name (.name)
+            i = operand
+            continue
+        return start
+    return None
+
+
+def _inline_one(text: str) -> str | None:
+    tokens = tokenize(text)
+    n = len(tokens)
+    for k, token in enumerate(tokens):
+        if token.kind != IDENT or token.text not in COMPARISONS:
+            continue
+        dot = _prev(tokens, k)
+        paren = _next(tokens, k + 1, n)
+        if dot < 0 or tokens[dot].text != "." or paren >= n or tokens[paren].text != "(":
+            continue
+        start = _receiver_start(tokens, dot)
+        close = _closing(tokens, paren, n, "(", ")")
+        if start is None or close is None:
+            continue
+        receiver = "".join(t.text for t in tokens[start:dot]).strip()
+        if receiver == "_dra_l":
+            continue  # the fallback of an inlined call
+        argument = "".join(t.text for t in tokens[paren + 1 : close])
+        if _top_level_comma(tokens, paren + 1, close):
+            continue  # wrong arity: leave it to the type checker's error
+        inlined = (
+            f"cel.bind(_dra_l, {receiver}, cel.bind(_dra_r, {argument}, {_SAME_TYPE} ? "
+            f"{COMPARISONS[token.text]} : _dra_l.{token.text}(_dra_r)))"
+        )
+        head = "".join(t.text for t in tokens[:start])
+        tail = "".join(t.text for t in tokens[close + 1 :])
+        return head + inlined + tail
+    return None
+
+
+def _top_level_comma(tokens: list[Token], lo: int, hi: int) -> bool:
+    depth = 0
+    for token in tokens[lo:hi]:
+        if token.kind != OTHER:
+            continue
+        if token.text in "([{":
+            depth += 1
+        elif token.text in ")]}":
+            depth -= 1
+        elif token.text == "," and depth == 0:
+            return True
+    return False
+
+
+def inline_comparisons(expression: str) -> str:
+    """``x.compareTo(y)``, ``x.isGreaterThan(y)``, ``x.isLessThan(y)`` written in CEL.
+
+    Both sides are bound once (``cel.bind``); when both are Quantities or both Semvers,
+    their ``key`` fields (:mod:`dradriver.cel._types`) are compared with CEL's string
+    operators; otherwise the original Python function is called, which reports "no such
+    overload" as before. So the typical ``capacity.compareTo(quantity("16Gi")) >= 0``
+    needs no Python callback. A call whose receiver the token walk does not understand is
+    left as it is (it still works, through a callback).
+    """
+    text = expression
+    while True:
+        inlined = _inline_one(text)
+        if inlined is None:
+            return text
+        text = inlined
 
 
 def check(expression: str) -> str | None:
@@ -236,6 +388,8 @@ def check(expression: str) -> str | None:
             continue
         if token.text == "kubernetes":
             return "undeclared reference to 'kubernetes'"
+        if token.text.startswith(RESERVED_PREFIX):
+            return f"undeclared reference to '{token.text}'"
         if token.text == "device":
             dot = _next(tokens, k + 1, len(tokens))
             if dot < len(tokens) and tokens[dot].text == ".":
@@ -254,10 +408,16 @@ def check(expression: str) -> str | None:
 
 
 def calls(expression: str) -> set[str]:
-    """Names of functions called in ``expression`` (``f(`` or ``x.f(``)."""
+    """Names of functions called in ``expression`` (``f(`` or ``x.f(``), leaving out the
+    fallbacks of inlined comparisons (called only for mismatched types, an error)."""
     tokens = tokenize(expression)
     found: set[str] = set()
     for k, token in enumerate(tokens):
+        if token.kind == IDENT and token.text in COMPARISONS:
+            dot = _prev(tokens, k)
+            receiver = _prev(tokens, dot) if dot >= 0 and tokens[dot].text == "." else -1
+            if receiver >= 0 and tokens[receiver].text == "_dra_l":
+                continue
         if token.kind == IDENT:
             nxt = _next(tokens, k + 1, len(tokens))
             if nxt < len(tokens) and tokens[nxt].text == "(":

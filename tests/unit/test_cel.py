@@ -5,9 +5,12 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
+import hypothesis
 import pytest
+from hypothesis import strategies as st
 
 from dradriver import cel
+from dradriver.cel._types import quantity_key, semver_key
 from dradriver.cel.semver import Semver, compare_semver, parse_semver
 
 DRIVER = "gpu.example.com"
@@ -300,12 +303,16 @@ def test_literal_quantities_are_folded_so_no_callback_is_made() -> None:
     assert not selector.uses_callbacks
     assert "kubernetes.Quantity{" in selector.rewritten
     selector = cel.compile_selector(f'{C}.memory.compareTo(quantity("1Gi")) > 0')
-    assert selector.uses_callbacks  # compareTo still calls Python
+    assert not selector.uses_callbacks  # compareTo is written in CEL (inline_comparisons)
+    assert "quantity(" not in selector.rewritten
+    selector = cel.compile_selector(f'{C}.memory.sub(quantity("1Gi")).isInteger()')
+    assert selector.uses_callbacks  # sub() and isInteger() still call Python
     assert "quantity(" not in selector.rewritten
 
 
 def test_callback_results_are_memoised_per_device_content() -> None:
-    selector = cel.compile_selector(f'{C}.memory.isGreaterThan(quantity("2Gi"))')
+    selector = cel.compile_selector(f'{C}.memory.sub(quantity("2Gi")).isInteger()')
+    assert selector.uses_callbacks
     device = cel.DeviceInput(DRIVER, DEVICE)
     selector.evaluate(device)
     before = cel.stats()
@@ -331,3 +338,60 @@ def test_callback_budget_reporting() -> None:
     assert cel.stats().over_budget
     cel.set_callback_budget(500_000)
     assert cel.stats().estimated_leak_bytes == cel.stats().callback_calls * 1200
+
+
+def test_comparisons_are_evaluated_without_callbacks() -> None:
+    cel.configure(use_worker=False)
+    try:
+        expressions = [
+            f'{C}.memory.compareTo(quantity("16Gi")) >= 0',
+            f'{C}.memory.isGreaterThan(quantity("39Gi"))',
+            f'{C}.memory.isLessThan(quantity("41Gi"))',
+            f'{A}.driverVersion.isGreaterThan(semver("1.2.3"))',
+            f'{A}.driverVersion.compareTo(semver("1.2.4-rc.1")) == 1',
+            'quantity("-1").compareTo(quantity("-2")) == 1',
+            'quantity("-1m").isLessThan(quantity("0"))',
+            'semver("1.0.0-alpha.1").isLessThan(semver("1.0.0-alpha.beta"))',
+        ]
+        selectors = [cel.compile_selector(e) for e in expressions]
+        assert not any(s.uses_callbacks for s in selectors)
+        before = cel.stats().callback_calls
+        device = cel.DeviceInput(DRIVER, DEVICE)
+        assert all(s.evaluate(device) == cel.MATCH for s in selectors)
+        assert cel.stats().callback_calls == before
+    finally:
+        cel.configure(use_worker=True)
+
+
+quantities = st.integers(min_value=-(10**30), max_value=10**30)
+identifiers = st.one_of(
+    st.integers(min_value=0, max_value=10**12).map(str),
+    st.from_regex(r"[0-9A-Za-z-]*[A-Za-z-][0-9A-Za-z-]*", fullmatch=True).filter(bool),
+)
+versions = st.builds(
+    Semver,
+    st.integers(0, 2**63 - 1),
+    st.integers(0, 1000),
+    st.integers(0, 1000),
+    st.lists(identifiers, max_size=3).map(".".join),
+)
+
+
+@hypothesis.given(quantities, quantities)
+def test_quantity_keys_sort_like_quantities(a: int, b: int) -> None:
+    ka, kb = quantity_key(a), quantity_key(b)
+    assert (ka > kb) - (ka < kb) == (a > b) - (a < b)
+
+
+@hypothesis.given(versions, versions)
+def test_semver_keys_sort_by_precedence(a: Semver, b: Semver) -> None:
+    ka, kb = semver_key(a), semver_key(b)
+    assert (ka > kb) - (ka < kb) == compare_semver(a, b)
+
+
+def test_deeply_nested_comparison_falls_back_to_the_callback() -> None:
+    # Inlining nests deeper; next to cel-cpp's parse depth limit (32) the call is kept.
+    expression = "(" * 28 + f'{A}.driverVersion.compareTo(semver("1.0.0")) > 0' + ")" * 28
+    selector = cel.compile_selector(expression)
+    assert selector.uses_callbacks and "cel.bind(_dra_l" not in selector.rewritten
+    assert selector.evaluate(cel.DeviceInput(DRIVER, DEVICE)) == cel.MATCH
