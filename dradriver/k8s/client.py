@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import json
 import ssl
+import threading
 import time
-from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -38,16 +39,22 @@ class Connection:
     tls: ssl.SSLContext
     token_file: Path | None = None
     token: str | None = None
+    # Kubeconfig exec plugins and OIDC providers hand out tokens that expire: this returns
+    # the current one, asking the kubeconfig loader for a new one once it has expired.
+    token_source: Callable[[], str | None] | None = field(default=None, compare=False, repr=False)
 
     def bearer(self) -> str | None:
         # Projected service-account tokens rotate; read the file each time.
         if self.token_file is not None:
             return self.token_file.read_text().strip()
+        if self.token_source is not None:
+            return self.token_source()
         return self.token
 
 
 def load_connection(kubeconfig: str | None = None) -> Connection:
     """From a kubeconfig file if given (or $KUBECONFIG), else the in-cluster service account."""
+    # Imported lazily: processes that never call this do not carry the library in memory.
     from kubernetes import client, config
 
     cfg = client.Configuration()
@@ -67,9 +74,33 @@ def load_connection(kubeconfig: str | None = None) -> Connection:
         tls.verify_mode = ssl.CERT_NONE
     if cfg.cert_file and cfg.key_file:
         tls.load_cert_chain(cfg.cert_file, cfg.key_file)
-    auth = cfg.api_key.get("authorization") or cfg.api_key.get("BearerToken")
-    token = auth.removeprefix("Bearer ").strip() if auth else None
-    return Connection(server=cfg.host, tls=tls, token_file=token_file, token=token)
+
+    def configured_token() -> str | None:
+        auth = cfg.api_key.get("authorization") or cfg.api_key.get("BearerToken")
+        return auth.removeprefix("Bearer ").strip() if auth else None
+
+    token_source: Callable[[], str | None] | None = None
+    refresh = cfg.refresh_api_key_hook
+    if token_file is None and refresh is not None:
+        # The loader's hook re-runs the exec plugin (or refreshes the OIDC token) once the
+        # token it holds is expired or about to be (5 min skew), and only copies settings
+        # otherwise; the client library calls it before every request, and so do we. The
+        # refresh blocks the caller (the plugin runs synchronously), once per token
+        # lifetime. The lock keeps two threads from running the plugin at once.
+        lock = threading.Lock()
+
+        def token_source() -> str | None:
+            with lock:
+                refresh(cfg)
+                return configured_token()
+
+    return Connection(
+        server=cfg.host,
+        tls=tls,
+        token_file=token_file,
+        token=configured_token(),
+        token_source=token_source,
+    )
 
 
 class KubeClient:
