@@ -37,7 +37,7 @@ from pathlib import Path
 
 from dradriver.log import get_logger
 
-log = get_logger("devtools.containerd")
+log = get_logger("cluster.containerd")
 
 PAUSE_IMAGE = "registry.k8s.io/pause:3.10"
 # Nothing listens on the discard port; a pull fails at once and stays local.

@@ -36,7 +36,7 @@ from pathlib import Path
 
 from dradriver.log import configure, get_logger
 
-log = get_logger("devtools.runtimebin")
+log = get_logger("cluster.runtimebin")
 
 # How often a long `go build` reports that it is still running.
 HEARTBEAT_SECONDS = 30.0

@@ -29,6 +29,8 @@ LOGGER_NAMES = {
     "cdi",
     "cluster",
     "cluster.binaries",
+    "cluster.containerd",
+    "cluster.runtimebin",
     "controller",
     "controller.networkpools",
     "controller.pinning",
