@@ -20,7 +20,6 @@ import os
 import re
 import secrets
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -36,9 +35,11 @@ import grpc
 import httpx
 import yaml
 
-from devtools.cluster.api import AdminAPI, APIError, wait_until
+from devtools.cluster.api import AdminAPI
 from devtools.cluster.binaries import cache_root
-from devtools.cluster.process import log_tail
+from devtools.cluster.process import ManagedProcess, ProcessDied, log_tail
+from devtools.cluster.wait import wait_until
+from dradriver.k8s.client import KubeAPIError
 from dradriver.k8s.objects import Obj
 from dradriver.k8s.paths import RESOURCE_V1, path_for
 from dradriver.kubeletapi.gen import (
@@ -139,7 +140,7 @@ class PluginUnderTest:
     device_prefix: str
     env: dict[str, str] = field(default_factory=dict)
     readyz: str | None = None
-    proc: subprocess.Popen[bytes] | None = None
+    process: ManagedProcess | None = None
 
     @property
     def log_path(self) -> Path:
@@ -162,42 +163,31 @@ class PluginUnderTest:
 
     @property
     def pid(self) -> int:
-        if self.proc is None:
+        if self.process is None:
             raise BenchError(f"{self.label} plugin is not running")
-        return self.proc.pid
+        return self.process.pid
 
     def start(self) -> None:
-        self.workdir.mkdir(parents=True, exist_ok=True)
-        with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(
-                self.argv,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                cwd=self.workdir,
-                env={**os.environ, **self.env},
-                start_new_session=True,
-            )
+        self.process = ManagedProcess.start(
+            f"the {self.label} plugin",
+            self.argv,
+            log_path=self.log_path,
+            cwd=self.workdir / f"{self.label}.cwd",
+            env={**os.environ, **self.env},
+        )
 
     def check_alive(self) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            code = None if self.proc is None else self.proc.returncode
-            raise BenchError(
-                f"the {self.label} plugin exited ({code}); last lines of {self.log_path}:\n"
-                f"{log_tail(self.log_path)}"
-            )
+        if self.process is None:
+            raise BenchError(f"the {self.label} plugin is not running")
+        try:
+            self.process.check()
+        except ProcessDied as e:
+            raise BenchError(str(e)) from e
 
     def stop(self) -> None:
-        if self.proc is None:
-            return
-        if self.proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=15)
-        self.proc = None
+        if self.process is not None:
+            self.process.stop(timeout=15)
+        self.process = None
 
     async def register(self, within: float = 60) -> Any:
         """Act as the kubelet's plugin watcher: GetInfo, then NotifyRegistrationStatus(ok)."""
@@ -380,7 +370,7 @@ def bench_namespace(api: AdminAPI) -> str:
 
 
 def delete_namespace(api: AdminAPI, name: str) -> None:
-    with contextlib.suppress(APIError, httpx.HTTPError):
+    with contextlib.suppress(KubeAPIError, httpx.HTTPError):
         api.delete(path_for("v1", "namespaces", name=name))
 
 
@@ -463,7 +453,7 @@ def create_fake_node(api: AdminAPI, name: str) -> None:
 
 
 def delete_node(api: AdminAPI, name: str) -> None:
-    with contextlib.suppress(APIError, httpx.HTTPError):
+    with contextlib.suppress(KubeAPIError, httpx.HTTPError):
         api.delete(path_for("v1", "nodes", name=name))
 
 
@@ -509,9 +499,7 @@ def allocated_claim(
             "allocationTimestamp": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         }
     }
-    stored = api.request(
-        "PUT", path_for(RESOURCE_V1, "resourceclaims", namespace, name) + "/status", json=obj
-    )
+    stored = api.replace(path_for(RESOURCE_V1, "resourceclaims", namespace, name) + "/status", obj)
     return ClaimRef(namespace, name, str(stored["metadata"]["uid"]))
 
 

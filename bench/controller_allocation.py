@@ -51,9 +51,10 @@ from pathlib import Path
 
 from bench.common import free_port, percentile, table
 from controller.claims.allocation import ALLOCATION_ANNOTATION
-from devtools.cluster.api import AdminAPI, wait_until
+from devtools.cluster.api import AdminAPI
 from devtools.cluster.config import Layout, Ports
 from devtools.cluster.local import ClusterState, running_cluster
+from devtools.cluster.wait import wait_until
 from devtools.harness.controller import ControllerProcess, controller_kubeconfig
 from dradriver.k8s.client import KubeClient, load_connection
 from dradriver.k8s.objects import Obj
@@ -266,7 +267,7 @@ def create_node(api: AdminAPI, pods: int) -> None:
             }
         ],
     }
-    api.request("PUT", path_for("v1", "nodes", name=NODE) + "/status", json=node)
+    api.replace(path_for("v1", "nodes", name=NODE) + "/status", node)
     api.create(
         path_for("coordination.k8s.io/v1", "leases", "kube-node-lease"),
         {
@@ -370,8 +371,8 @@ def main() -> None:
             proc.start()
             try:
                 wait_until("controller ready", proc.ready, 120)
-                assert proc.proc is not None
-                pid = proc.proc.pid
+                assert proc.process is not None
+                pid = proc.process.pid
                 before = rss_mib(pid)
 
                 async def create_claim(client: KubeClient, i: int) -> None:

@@ -45,12 +45,13 @@ from bench.common import (
     short_workdir,
     table,
 )
-from devtools.cluster.api import AdminAPI, path_for, wait_until
+from devtools.cluster.api import AdminAPI
 from devtools.cluster.config import Layout, default_state_dir
 from devtools.cluster.local import LocalCluster, running_cluster
+from devtools.cluster.wait import wait_until
 from devtools.harness.nodeplugin import NodePlugin, start_node_plugin
 from dradriver.deviceplugin.server import socket_name
-from dradriver.k8s.paths import RESOURCE_V1
+from dradriver.k8s.paths import RESOURCE_V1, path_for
 from dradriver.kubeletapi.gen import deviceplugin_v1beta1_pb2 as dp
 from dradriver.kubeletapi.gen import deviceplugin_v1beta1_pb2_grpc as dp_grpc
 

@@ -43,9 +43,10 @@ from bench.common import (
     short_workdir,
     table,
 )
-from devtools.cluster.api import AdminAPI, wait_until
+from devtools.cluster.api import AdminAPI
 from devtools.cluster.config import Layout, default_state_dir
 from devtools.cluster.local import running_cluster
+from devtools.cluster.wait import wait_until
 from dradriver.devices.config import StaticDeviceEntry
 from dradriver.devices.model import Device
 from dradriver.k8s.client import KubeClient, load_connection

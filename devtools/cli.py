@@ -12,9 +12,11 @@ from typing import Any
 
 from devtools.cluster.binaries import BinaryError, build_dir, build_seconds, ensure_binaries
 from devtools.cluster.config import Layout, default_state_dir, parse_feature_gates
-from devtools.cluster.local import ClusterError, ComponentDied, LocalCluster
+from devtools.cluster.local import ClusterError, LocalCluster
+from devtools.cluster.process import ProcessDied
+from devtools.cluster.wait import WaitTimeout
 
-ERRORS: tuple[type[Exception], ...] = (ClusterError, BinaryError, ComponentDied)
+ERRORS: tuple[type[Exception], ...] = (ClusterError, BinaryError, ProcessDied, WaitTimeout)
 
 
 def _cluster(args: argparse.Namespace) -> LocalCluster:

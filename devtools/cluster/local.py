@@ -27,7 +27,7 @@ from typing import Any
 import httpx
 
 from devtools.cluster import pki
-from devtools.cluster.api import AdminAPI, APIError
+from devtools.cluster.api import AdminAPI
 from devtools.cluster.binaries import KubeBinaries, ensure_binaries
 from devtools.cluster.config import (
     SERVICE_CIDR,
@@ -39,7 +39,9 @@ from devtools.cluster.config import (
     write_kubeconfig,
     write_yaml,
 )
-from devtools.cluster.process import Component, ComponentDied, ProcessRecord
+from devtools.cluster.process import ManagedProcess, ProcessRecord
+from devtools.cluster.wait import wait_until
+from dradriver.k8s.client import KubeAPIError
 from dradriver.log import get_logger
 
 log = get_logger("cluster")
@@ -50,6 +52,8 @@ KUBELET_SYSCTLS = ("vm/overcommit_memory", "kernel/panic", "kernel/panic_on_oops
 RUNTIME_CONFIG = (
     "resource.k8s.io/v1beta1=true,resource.k8s.io/v1beta2=true,resource.k8s.io/v1alpha3=true"
 )
+# While a component starts, its probe fails to connect or is refused: "not ready yet".
+STARTING = (httpx.HTTPError, KubeAPIError, OSError)
 
 
 class ClusterError(RuntimeError):
@@ -95,28 +99,6 @@ class ClusterState:
 
     def alive(self) -> list[ProcessRecord]:
         return [c for c in self.components if c.alive()]
-
-
-def wait_for(
-    what: str,
-    probe: Callable[[], bool],
-    timeout: float,
-    components: list[Component] | None = None,
-    interval: float = 0.1,
-) -> None:
-    """Poll ``probe`` until it is true; fail early if a component dies meanwhile."""
-    deadline = time.monotonic() + timeout
-    while True:
-        for component in components or []:
-            component.check()
-        try:
-            if probe():
-                return
-        except (httpx.HTTPError, APIError, OSError):
-            pass
-        if time.monotonic() > deadline:
-            raise ClusterError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(interval)
 
 
 def _port_free(port: int) -> bool:
@@ -209,7 +191,7 @@ class LocalCluster:
         if state is not None:
             # Kubelet first, so it stops touching mounts; etcd last.
             for record in reversed(state.components):
-                record.stop()
+                ManagedProcess.adopt(record).stop()
                 log.debug("stopped", component=record.name, pid=record.pid)
             self._restore_sysctls(state.sysctls)
         for node in self._known_nodes(state):
@@ -243,25 +225,29 @@ class LocalCluster:
                 f"{name} was started by an older dradriver that did not record its command "
                 "line; restart the cluster (`dradriver cluster down`, then `up`)"
             )
-        old.stop()
-        component = Component(name, old.argv, self.layout.workdir(name), Path(old.log), exe=old.exe)
-        state.components[index] = component.record
+        ManagedProcess.adopt(old).stop()
+        process = ManagedProcess.start(
+            name, old.argv, log_path=Path(old.log), cwd=self.layout.workdir(name), exe=old.exe
+        )
+        state.components[index] = process.record
         state.save(self.layout.state_file)
         node = next((n for n in self.layout.all_nodes() if kubelet_component(n) == name), None)
         if node is not None:
             healthz = f"http://127.0.0.1:{node.healthz_port}/healthz"
-            wait_for(
+            wait_until(
                 "kubelet /healthz after restart",
                 lambda: httpx.get(healthz, timeout=2).status_code == 200,
                 timeout,
-                [component],
+                watch=[process],
+                ignore=STARTING,
             )
             with self.api() as api:
-                wait_for(
+                wait_until(
                     f"node {node.name} Ready after restart",
                     lambda: node_ready(api, node.name),
                     timeout,
-                    [component],
+                    watch=[process],
+                    ignore=STARTING,
                 )
 
     def api(self) -> AdminAPI:
@@ -356,16 +342,20 @@ class LocalCluster:
         layout, p = self.layout, self.layout.pki
         gates = format_feature_gates(self.feature_gates)
         gate_flags = [f"--feature-gates={gates}"] if gates else []
-        running: list[Component] = []
+        running: list[ManagedProcess] = []
 
-        def start(name: str, argv: list[str], exe: str | None = None) -> Component:
-            component = Component(
-                name, argv, layout.workdir(name), layout.logs / f"{name}.log", exe=exe
+        def start(name: str, argv: list[str], exe: str | None = None) -> ManagedProcess:
+            process = ManagedProcess.start(
+                name, argv, log_path=layout.logs / f"{name}.log", cwd=layout.workdir(name), exe=exe
             )
-            running.append(component)
-            state.components.append(component.record)
+            running.append(process)
+            state.components.append(process.record)
             state.save(layout.state_file)
-            return component
+            return process
+
+        def wait_for(what: str, probe: Callable[[], object], timeout: float) -> None:
+            """Wait for one component; fail at once if any started so far has died."""
+            wait_until(what, probe, timeout, watch=running, ignore=STARTING)
 
         def mark(step: str) -> None:
             state.timings[step] = round(time.monotonic() - t0, 2)
@@ -395,7 +385,6 @@ class LocalCluster:
                 == 200
             ),
             60,
-            running,
         )
         mark("etcd")
 
@@ -432,7 +421,8 @@ class LocalCluster:
             ],
         )
         with self.api() as api:
-            wait_for("kube-apiserver /readyz", lambda: api.status_of("/readyz") == 200, 90, running)
+            # /readyz answers 500 until every readiness check passes (a KubeAPIError).
+            wait_for("kube-apiserver /readyz", lambda: api.get("/readyz"), 90)
         mark("kube-apiserver")
 
         common = [
@@ -485,7 +475,6 @@ class LocalCluster:
                     == 200
                 ),
                 60,
-                running,
             )
         mark("control-plane")
 
@@ -497,7 +486,7 @@ class LocalCluster:
                 fakecri_component(node),
                 [str(bins["fakecri"]), f"--endpoint=unix://{node.cri_socket}"],
             )
-            wait_for(f"fake CRI socket of {node.name}", node.cri_socket.exists, 30, running)
+            wait_for(f"fake CRI socket of {node.name}", node.cri_socket.exists, 30)
             write_yaml(
                 node.config,
                 kubelet_config(
@@ -522,16 +511,13 @@ class LocalCluster:
             )
         with self.api() as api:
             for node in layout.all_nodes():
-                wait_for(
-                    f"node {node.name} Ready", partial(node_ready, api, node.name), 90, running
-                )
+                wait_for(f"node {node.name} Ready", partial(node_ready, api, node.name), 90)
             mark("node-ready")
             # Pods cannot be created in a namespace before its ServiceAccount exists.
             wait_for(
                 "the default ServiceAccount",
-                lambda: api.status_of("/api/v1/namespaces/default/serviceaccounts/default") == 200,
+                lambda: api.get_or_none("/api/v1/namespaces/default/serviceaccounts/default"),
                 60,
-                running,
             )
         mark("ready")
 
@@ -627,7 +613,6 @@ __all__ = [
     "AlreadyRunning",
     "ClusterError",
     "ClusterState",
-    "ComponentDied",
     "LocalCluster",
     "running_cluster",
 ]

@@ -16,16 +16,18 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from devtools.cluster.api import AdminAPI, APIError, path_for, wait_until
+from devtools.cluster.api import AdminAPI
 from devtools.cluster.kubeletstate import kubelet_cdi_ids
 from devtools.cluster.local import LocalCluster
+from devtools.cluster.wait import wait_until
 from devtools.harness.nodeplugin import NodePlugin
 from dradriver import DEFAULT_DRIVER_NAME
 from dradriver.api import networkpool as net
 from dradriver.api import parameters as params
 from dradriver.host.cdi import CDIRegistry
+from dradriver.k8s.client import KubeAPIError
 from dradriver.k8s.objects import Obj
-from dradriver.k8s.paths import RESOURCE_V1
+from dradriver.k8s.paths import RESOURCE_V1, path_for
 
 DRIVER = DEFAULT_DRIVER_NAME
 NAMESPACE = "dradriver-demo-controller"
@@ -90,7 +92,7 @@ def run_controller_demo(
     )
     proc.start()
     try:
-        wait_until("dradriver-controller ready", proc.ready, timeout)
+        proc.wait_ready(timeout)
         say("dradriver-controller running (ServiceAccount dradriver-controller, manifests' RBAC)")
         # Ignore: a demo interrupted before unregistering must not block the cluster.
         register_webhook(api, proc, WEBHOOK, failure_policy="Ignore")
@@ -125,7 +127,7 @@ def _webhook(api: AdminAPI, say: Callable[[str], None]) -> None:
     }
     try:
         api.create(path_for(f"{DRIVER}/{params.VERSION}", params.PLURAL, NAMESPACE), bad)
-    except APIError as e:
+    except KubeAPIError as e:
         say(
             f"DeviceClaimParameters with a broken CEL selector: denied ({e.status}): "
             f"{str(e.body.get('message', '')).splitlines()[0]}"  # CEL adds a caret diagram

@@ -22,16 +22,17 @@ from pathlib import Path
 
 import yaml
 
-from devtools.cluster.api import AdminAPI, path_for, wait_until
+from devtools.cluster.api import AdminAPI
 from devtools.cluster.config import Layout
 from devtools.cluster.kubeletstate import device_plugin_devices, kubelet_cdi_ids
 from devtools.cluster.local import LocalCluster, running_cluster
+from devtools.cluster.wait import wait_until
 from devtools.demo.controller import run_controller_demo
 from devtools.harness.nodeplugin import NodePlugin, start_node_plugin, wait_for_slices
 from dradriver import DEFAULT_DRIVER_NAME
 from dradriver.host.cdi import CDIRegistry
 from dradriver.k8s.objects import Obj
-from dradriver.k8s.paths import RESOURCE_V1
+from dradriver.k8s.paths import RESOURCE_V1, path_for
 
 NAMESPACE = "dradriver-demo"
 LEGACY_RESOURCE = "dradriver.dev/mock"

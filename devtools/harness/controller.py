@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import shutil
 import ssl
-import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -20,11 +19,12 @@ from typing import Any
 
 import httpx
 
-from devtools import paths
-from devtools.cluster.api import AdminAPI, APIError, path_for, wait_until
+from devtools.cluster.api import AdminAPI
+from devtools.cluster.apply import apply, apply_manifests
 from devtools.cluster.local import LocalCluster
-from devtools.cluster.process import log_tail
-from devtools.harness.nodeplugin import apply_file, free_port, service_account_kubeconfig
+from devtools.cluster.process import ManagedProcess
+from devtools.cluster.wait import wait_until
+from devtools.harness.nodeplugin import free_port, service_account_kubeconfig
 from devtools.harness.webhook import (
     CLUSTER_WEBHOOK_NAME,
     WEBHOOK_NAME,
@@ -33,10 +33,11 @@ from devtools.harness.webhook import (
 )
 from dradriver import DEFAULT_DRIVER_NAME
 from dradriver.api import networkpool as net
+from dradriver.k8s.client import KubeAPIError
+from dradriver.k8s.paths import path_for
 
 NAMESPACE = "dradriver"
 SERVICE_ACCOUNT = "dradriver-controller"
-MANIFESTS = paths.MANIFESTS / "controller"
 CRD_NAME = "deviceclaimparameters.dradriver.dev"
 CRD_NAMES = (CRD_NAME, "networkdevicepools.dradriver.dev")
 WEBHOOK_CONFIGURATIONS = "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations"
@@ -45,7 +46,7 @@ WEBHOOK_CONFIGURATIONS = "/apis/admissionregistration.k8s.io/v1/validatingwebhoo
 def install_crds(api: AdminAPI) -> None:
     """Apply the controller's CRDs and wait until the apiserver serves them."""
     for crd_name in CRD_NAMES:
-        apply_file(api, MANIFESTS / f"crd-{crd_name.split('.')[0]}.yaml")
+        apply_manifests(api, f"controller/crd-{crd_name.split('.')[0]}.yaml")
 
         def established(name: str = crd_name) -> bool:
             crd = api.get(f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}")
@@ -57,7 +58,7 @@ def install_crds(api: AdminAPI) -> None:
 
 def controller_kubeconfig(api: AdminAPI, cluster: LocalCluster, workdir: Path) -> Path:
     """RBAC from the manifests and a kubeconfig with a token for the controller's account."""
-    apply_file(api, MANIFESTS / "rbac.yaml")
+    apply_manifests(api, "controller/rbac.yaml")
     install_crds(api)
     wait_until(
         "controller ServiceAccount",
@@ -96,7 +97,7 @@ class ControllerProcess:
     lease_name: str = "dradriver-controller"
     extra_args: list[str] = field(default_factory=list)
     port: int = field(default_factory=free_port)
-    proc: subprocess.Popen[bytes] | None = None
+    process: ManagedProcess | None = None
     # With a certificate, the process also serves the admission webhook on webhook_port.
     webhook: WebhookTLS | None = None
     webhook_port: int = field(default_factory=free_port)
@@ -127,18 +128,17 @@ class ControllerProcess:
                 f"--webhook-cert={self.webhook.cert}",
                 f"--webhook-key={self.webhook.key}",
             ]
-        log = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child process
-        self.proc = subprocess.Popen(
-            argv, stdout=log, stderr=subprocess.STDOUT, cwd=self.workdir, start_new_session=True
+        self.process = ManagedProcess.start(
+            f"dradriver-controller {self.name}",
+            argv,
+            log_path=self.log_path,
+            cwd=self.workdir / f"controller-{self.name}.cwd",
         )
-        log.close()
 
     def check(self) -> None:
-        if self.proc is not None and self.proc.poll() is not None:
-            raise RuntimeError(
-                f"dradriver-controller {self.name} exited {self.proc.returncode}:\n"
-                f"{log_tail(self.log_path)}"
-            )
+        """Raise :class:`ProcessDied` (with the end of its log) if the process exited."""
+        if self.process is not None:
+            self.process.check()
 
     def get(self, path: str) -> httpx.Response | None:
         self.check()
@@ -168,6 +168,11 @@ class ControllerProcess:
         resp = self.get("/readyz")
         return resp is not None and resp.status_code == 200
 
+    def wait_ready(self, timeout: float = 60) -> None:
+        if self.process is None:
+            raise RuntimeError(f"dradriver-controller {self.name} is not started")
+        self.process.wait_ready(f"dradriver-controller {self.name} ready", self.ready, timeout)
+
     def metric(self, name: str) -> float | None:
         """The first sample of ``name`` (prefix match on the sample line) on /metrics."""
         resp = self.get("/metrics")
@@ -178,30 +183,23 @@ class ControllerProcess:
                 return float(line.rsplit(" ", 1)[1])
         return None
 
-    def terminate(self, timeout: float = 30) -> int:
+    def terminate(self, timeout: float = 30) -> int | None:
         """SIGTERM and wait; returns the exit code."""
-        assert self.proc is not None
-        self.proc.terminate()
-        code = self.proc.wait(timeout=timeout)
-        self.proc = None
+        assert self.process is not None, "not started"
+        code = self.process.terminate(timeout)
+        self.process = None
         return code
 
     def kill(self) -> None:
         """SIGKILL: a crash, the Lease is not released."""
-        if self.proc is not None:
-            self.proc.kill()
-            self.proc.wait()
-        self.proc = None
+        if self.process is not None:
+            self.process.kill()
+        self.process = None
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.proc = None
+        if self.process is not None:
+            self.process.stop(timeout=30)
+        self.process = None
 
 
 def _probe_pool(driver: str, labels: dict[str, str] | None) -> dict[str, Any]:
@@ -225,8 +223,8 @@ def register_webhook(
     timeout: float = 30,
 ) -> dict[str, Any]:
     """Register the webhook a running ``controller`` serves (``webhook=webhook_tls(...)``)
-    by URL on 127.0.0.1, as ValidatingWebhookConfiguration ``name`` (replaced if it
-    exists), and return once the apiserver calls it.
+    by URL on 127.0.0.1, as ValidatingWebhookConfiguration ``name`` (server-side applied,
+    so an existing one is updated), and return once the apiserver calls it.
 
     Without ``namespace_labels`` it validates every namespace and every
     NetworkDevicePool; with ``failure_policy="Fail"`` nothing it matches can be created
@@ -248,13 +246,7 @@ def register_webhook(
         driver=driver,
         failure_policy=failure_policy,
     )
-    path = f"{WEBHOOK_CONFIGURATIONS}/{name}"
-    current = api.get_or_none(path)
-    if current is None:
-        created = api.create(WEBHOOK_CONFIGURATIONS, config)
-    else:
-        config["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
-        created = api.request("PUT", path, json=config)
+    applied = apply(api, config)
     # The apiserver picks configurations up through a watch: probe with a dry run.
     probe = _probe_pool(driver, namespace_labels)
     pools = path_for(f"{driver}/{net.VERSION}", net.PLURAL)
@@ -264,14 +256,14 @@ def register_webhook(
         controller.check()
         try:
             api.create(pools + "?dryRun=All", probe)
-        except APIError as e:
+        except KubeAPIError as e:
             if any(text in str(e.body.get("message", "")) for text in ours):
                 return True
             raise
         return False
 
     wait_until(f"webhook configuration {name} active", active, timeout)
-    return created
+    return applied
 
 
 def unregister_webhook(api: AdminAPI, name: str = "dradriver-webhook") -> None:
@@ -298,7 +290,7 @@ def namespaced_controller(
     )
     proc.start()
     try:
-        wait_until("controller ready", proc.ready, timeout)
+        proc.wait_ready(timeout)
         yield proc
     finally:
         proc.stop()

@@ -10,74 +10,24 @@ the node-scoped admission policy applies.
 from __future__ import annotations
 
 import socket
-import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
-import yaml
 
-from devtools import paths
-from devtools.cluster.api import AdminAPI, APIError, path_for, wait_until
+from devtools.cluster.api import AdminAPI
+from devtools.cluster.apply import apply_manifests
 from devtools.cluster.config import write_kubeconfig
 from devtools.cluster.local import LocalCluster
-from devtools.cluster.process import log_tail
-from dradriver.k8s.paths import RESOURCE_V1
+from devtools.cluster.process import ManagedProcess
+from devtools.cluster.wait import wait_until
+from dradriver.k8s.paths import RESOURCE_V1, path_for
 
 NAMESPACE = "dradriver"
 SERVICE_ACCOUNT = "dradriver-kubeletplugin"
-MANIFESTS = paths.MANIFESTS
 PLUGIN_MANIFESTS = ("rbac.yaml", "slice-node-policy.yaml", "deviceclass.yaml")
-
-# kind -> (apiVersion path segment, plural, namespaced)
-_KINDS = {
-    "Namespace": ("v1", "namespaces", False),
-    "ServiceAccount": ("v1", "serviceaccounts", True),
-    "ConfigMap": ("v1", "configmaps", True),
-    "ClusterRole": ("rbac.authorization.k8s.io/v1", "clusterroles", False),
-    "ClusterRoleBinding": ("rbac.authorization.k8s.io/v1", "clusterrolebindings", False),
-    "Role": ("rbac.authorization.k8s.io/v1", "roles", True),
-    "RoleBinding": ("rbac.authorization.k8s.io/v1", "rolebindings", True),
-    "DeviceClass": (RESOURCE_V1, "deviceclasses", False),
-    "ValidatingAdmissionPolicy": (
-        "admissionregistration.k8s.io/v1",
-        "validatingadmissionpolicies",
-        False,
-    ),
-    "ValidatingAdmissionPolicyBinding": (
-        "admissionregistration.k8s.io/v1",
-        "validatingadmissionpolicybindings",
-        False,
-    ),
-    "CustomResourceDefinition": ("apiextensions.k8s.io/v1", "customresourcedefinitions", False),
-}
-
-
-def apply(api: AdminAPI, doc: dict[str, Any]) -> None:
-    """Create the object, or replace it if it exists."""
-    version, plural, namespaced = _KINDS[doc["kind"]]
-    ns = doc["metadata"].get("namespace") if namespaced else None
-    name = doc["metadata"]["name"]
-    current = api.get_or_none(path_for(version, plural, ns, name))
-    if current is None:
-        api.create(path_for(version, plural, ns), doc)
-    else:
-        body = {
-            **doc,
-            "metadata": {
-                **doc["metadata"],
-                "resourceVersion": current["metadata"]["resourceVersion"],
-            },
-        }
-        api.request("PUT", path_for(version, plural, ns, name), json=body)
-
-
-def apply_file(api: AdminAPI, path: Path) -> None:
-    for doc in yaml.safe_load_all(path.read_text()):
-        if doc:
-            apply(api, doc)
 
 
 def free_port() -> int:
@@ -88,8 +38,7 @@ def free_port() -> int:
 
 def plugin_identity(api: AdminAPI, cluster: LocalCluster, node: str, workdir: Path) -> Path:
     """A kubeconfig for the plugin's service account, bound to a pod on ``node``."""
-    for name in PLUGIN_MANIFESTS:
-        apply_file(api, MANIFESTS / "kubeletplugin" / name)
+    apply_manifests(api, *(f"kubeletplugin/{name}" for name in PLUGIN_MANIFESTS))
     wait_until(
         "plugin ServiceAccount",
         lambda: api.get_or_none(path_for("v1", "serviceaccounts", NAMESPACE, SERVICE_ACCOUNT)),
@@ -154,12 +103,15 @@ class NodePlugin:
     cdi_dir: Path
     port: int
     instance: str = ""
-    proc: subprocess.Popen[bytes] | None = None
+    process: ManagedProcess | None = None
+
+    @property
+    def name(self) -> str:
+        return f"kubeletplugin-{self.instance}" if self.instance else "kubeletplugin"
 
     @property
     def log_path(self) -> Path:
-        suffix = f"-{self.instance}" if self.instance else ""
-        return self.workdir / f"kubeletplugin{suffix}.log"
+        return self.workdir / f"{self.name}.log"
 
     @property
     def state_dir(self) -> Path:
@@ -180,47 +132,37 @@ class NodePlugin:
             "--health-interval=1",
             f"--instance={self.instance}",
         ]
-        log = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child process
-        self.proc = subprocess.Popen(
-            argv, stdout=log, stderr=subprocess.STDOUT, cwd=self.workdir, start_new_session=True
+        self.process = ManagedProcess.start(
+            self.name, argv, log_path=self.log_path, cwd=self.workdir / f"{self.name}.cwd"
         )
-        log.close()
 
     def ready(self) -> bool:
-        if self.proc is not None and self.proc.poll() is not None:
-            raise RuntimeError(
-                f"dradriver-kubeletplugin exited {self.proc.returncode}:\n{log_tail(self.log_path)}"
-            )
+        """Registered with the kubelet (/readyz); raises :class:`ProcessDied` if it exited."""
+        if self.process is not None:
+            self.process.check()
         try:
             return httpx.get(f"http://127.0.0.1:{self.port}/readyz", timeout=2).status_code == 200
         except httpx.HTTPError:
             return False
 
     def wait_ready(self, timeout: float = 60) -> None:
-        try:
-            wait_until("the kubelet plugin to register", self.ready, timeout)
-        except TimeoutError as e:
-            raise TimeoutError(f"{e}\n{log_tail(self.log_path)}") from e
+        if self.process is None:
+            raise RuntimeError(f"{self.name} for {self.node} is not started")
+        self.process.wait_ready("the kubelet plugin to register", self.ready, timeout)
 
     def metrics(self) -> str:
         return httpx.get(f"http://127.0.0.1:{self.port}/metrics", timeout=5).text
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.proc = None
+        if self.process is not None:
+            self.process.stop(timeout=15)
+        self.process = None
 
     def kill(self) -> None:
         """SIGKILL: the crash the ledger must survive."""
-        if self.proc is not None:
-            self.proc.kill()
-            self.proc.wait()
-        self.proc = None
+        if self.process is not None:
+            self.process.kill()
+        self.process = None
 
 
 def start_node_plugin(
@@ -269,4 +211,4 @@ def wait_for_slices(
     return wait_until(f"{devices} devices published for {node}", published, timeout)
 
 
-__all__ = ["APIError", "NodePlugin", "apply", "apply_file", "start_node_plugin", "wait_for_slices"]
+__all__ = ["NodePlugin", "node_slices", "start_node_plugin", "wait_for_slices"]

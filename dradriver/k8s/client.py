@@ -1,4 +1,10 @@
-"""An asyncio Kubernetes REST client over httpx that keeps every field."""
+"""The Kubernetes REST client over httpx that keeps every field: asyncio and a sync twin.
+
+:class:`KubeClient` (asyncio) serves the components; :class:`SyncKubeClient` serves
+synchronous callers (dev tooling, tests, benchmarks). Both are built on one
+:class:`Connection` and share the request encoding, the response decoding and the
+error type, so a request means the same thing whichever client sends it.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +15,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import httpx
 
@@ -103,19 +109,39 @@ def load_connection(kubeconfig: str | None = None) -> Connection:
     )
 
 
-class KubeClient:
-    def __init__(self, conn: Connection, user_agent: str = "dradriver") -> None:
+def connection_from_files(server: str, ca: Path, cert: Path, key: Path) -> Connection:
+    """A connection authenticated by a client certificate, from PEM files (no kubeconfig)."""
+    tls = ssl.create_default_context(cafile=str(ca))
+    tls.load_cert_chain(str(cert), str(key))
+    return Connection(server=server, tls=tls)
+
+
+JSON = "application/json"
+MERGE_PATCH = "application/merge-patch+json"
+APPLY_PATCH = "application/apply-patch+yaml"
+# Reads may be watches, which the server holds open for up to timeoutSeconds (300).
+TIMEOUT = httpx.Timeout(30, read=330)
+
+
+def _apply_params(field_manager: str, force: bool) -> dict[str, Any]:
+    return {"fieldManager": field_manager, "force": "true" if force else "false"}
+
+
+class _Codec:
+    """Request building and response decoding, the part both clients share."""
+
+    def __init__(self, conn: Connection, user_agent: str) -> None:
         self._conn = conn
-        self._http = httpx.AsyncClient(
-            base_url=conn.server,
-            verify=conn.tls,
-            timeout=httpx.Timeout(30, read=330),
-            headers={"User-Agent": user_agent},
-        )
+        self._user_agent = user_agent
         self.write_count = 0
 
-    async def aclose(self) -> None:
-        await self._http.aclose()
+    def _http_options(self) -> dict[str, Any]:
+        return {
+            "base_url": self._conn.server,
+            "verify": self._conn.tls,
+            "timeout": TIMEOUT,
+            "headers": {"User-Agent": self._user_agent},
+        }
 
     def _headers(self, extra: dict[str, str] | None = None) -> dict[str, str]:
         headers = dict(extra or {})
@@ -124,22 +150,24 @@ class KubeClient:
             headers["Authorization"] = f"Bearer {token}"
         return headers
 
-    async def request(
+    def _encode(
         self,
         method: str,
-        path: str,
-        body: Obj | list[Obj] | None = None,
-        params: dict[str, Any] | None = None,
-        content_type: str = "application/json",
-    ) -> Obj:
-        headers = self._headers({"Content-Type": content_type} if body is not None else None)
-        content = json.dumps(body) if body is not None else None
+        body: Obj | list[Obj] | None,
+        content_type: str,
+        accept: str | None,
+    ) -> tuple[dict[str, str], str | None]:
+        """The headers and content of a request; counts writes."""
+        extra = {"Content-Type": content_type} if body is not None else {}
+        if accept is not None:
+            extra["Accept"] = accept
         if method != "GET":
             self.write_count += 1
-        started = time.monotonic()
-        resp = await self._http.request(
-            method, path, content=content, params=params, headers=headers
-        )
+        return self._headers(extra), json.dumps(body) if body is not None else None
+
+    @staticmethod
+    def _decode(method: str, path: str, resp: httpx.Response, started: float) -> Obj:
+        """The JSON body of a response, or :class:`KubeAPIError` for a refusal."""
         log.debug(
             "api request",
             method=method,
@@ -154,6 +182,33 @@ class KubeClient:
         if resp.status_code >= 300:
             raise KubeAPIError(method, path, resp.status_code, data)
         return data
+
+
+class KubeClient(_Codec):
+    """The asyncio client of the controller and the kubelet plugin."""
+
+    def __init__(self, conn: Connection, user_agent: str = "dradriver") -> None:
+        super().__init__(conn, user_agent)
+        self._http = httpx.AsyncClient(**self._http_options())
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        body: Obj | list[Obj] | None = None,
+        params: dict[str, Any] | None = None,
+        content_type: str = JSON,
+        accept: str | None = None,
+    ) -> Obj:
+        headers, content = self._encode(method, body, content_type, accept)
+        started = time.monotonic()
+        resp = await self._http.request(
+            method, path, content=content, params=params, headers=headers
+        )
+        return self._decode(method, path, resp, started)
 
     async def get(self, path: str, **params: Any) -> Obj:
         return await self.request("GET", path, params=params or None)
@@ -176,14 +231,12 @@ class KubeClient:
         return await self.request("PUT", path, body)
 
     async def merge_patch(self, path: str, body: Obj) -> Obj:
-        return await self.request("PATCH", path, body, content_type="application/merge-patch+json")
+        return await self.request("PATCH", path, body, content_type=MERGE_PATCH)
 
     async def apply(self, path: str, body: Obj, field_manager: str, force: bool = True) -> Obj:
         """Server-side apply (the body must carry apiVersion, kind and metadata.name)."""
-        params = {"fieldManager": field_manager, "force": "true" if force else "false"}
-        return await self.request(
-            "PATCH", path, body, params=params, content_type="application/apply-patch+yaml"
-        )
+        params = _apply_params(field_manager, force)
+        return await self.request("PATCH", path, body, params=params, content_type=APPLY_PATCH)
 
     async def delete(self, path: str, missing_ok: bool = True, **params: Any) -> None:
         try:
@@ -209,3 +262,69 @@ class KubeClient:
                 if line.strip():
                     event: Obj = json.loads(line)
                     yield event
+
+
+class SyncKubeClient(_Codec):
+    """The blocking twin of :class:`KubeClient` (same requests, answers and errors), no watch."""
+
+    def __init__(self, conn: Connection, user_agent: str = "dradriver") -> None:
+        super().__init__(conn, user_agent)
+        self._http = httpx.Client(**self._http_options())
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        body: Obj | list[Obj] | None = None,
+        params: dict[str, Any] | None = None,
+        content_type: str = JSON,
+        accept: str | None = None,
+    ) -> Obj:
+        headers, content = self._encode(method, body, content_type, accept)
+        started = time.monotonic()
+        resp = self._http.request(method, path, content=content, params=params, headers=headers)
+        return self._decode(method, path, resp, started)
+
+    def get(self, path: str, **params: Any) -> Obj:
+        return self.request("GET", path, params=params or None)
+
+    def get_or_none(self, path: str) -> Obj | None:
+        try:
+            return self.get(path)
+        except KubeAPIError as e:
+            if e.status == 404:
+                return None
+            raise
+
+    def list(self, path: str, **params: Any) -> Obj:
+        return self.get(path, **params)
+
+    def create(self, path: str, body: Obj) -> Obj:
+        return self.request("POST", path, body)
+
+    def replace(self, path: str, body: Obj) -> Obj:
+        return self.request("PUT", path, body)
+
+    def merge_patch(self, path: str, body: Obj) -> Obj:
+        return self.request("PATCH", path, body, content_type=MERGE_PATCH)
+
+    def apply(self, path: str, body: Obj, field_manager: str, force: bool = True) -> Obj:
+        """Server-side apply (the body must carry apiVersion, kind and metadata.name)."""
+        params = _apply_params(field_manager, force)
+        return self.request("PATCH", path, body, params=params, content_type=APPLY_PATCH)
+
+    def delete(self, path: str, missing_ok: bool = True, **params: Any) -> None:
+        try:
+            self.request("DELETE", path, params=params or None)
+        except KubeAPIError as e:
+            if not (missing_ok and e.status == 404):
+                raise

@@ -20,11 +20,13 @@ from typing import Any
 
 import pytest
 
-from devtools.cluster.api import AdminAPI, APIError, path_for, wait_until
+from devtools.cluster.api import AdminAPI
 from devtools.cluster.local import LocalCluster
+from devtools.cluster.wait import wait_until
 from dradriver.allocator import AllocatedState, Allocator, Inventory, explain, summarize
+from dradriver.k8s.client import KubeAPIError
 from dradriver.k8s.objects import Obj
-from dradriver.k8s.paths import RESOURCE_V1
+from dradriver.k8s.paths import RESOURCE_V1, path_for
 
 R = RESOURCE_V1
 NODE = "node-1"
@@ -233,10 +235,8 @@ class Rig:
     def remove_pod(self, name: str) -> None:
         ns = self.namespace
         try:
-            self.api.request(
-                "DELETE", path_for("v1", "pods", ns, name), json={"gracePeriodSeconds": 0}
-            )
-        except APIError as e:
+            self.api.request("DELETE", path_for("v1", "pods", ns, name), {"gracePeriodSeconds": 0})
+        except KubeAPIError as e:
             if e.status != 404:
                 raise
         self.api.delete(path_for(R, "resourceclaims", ns, name))
@@ -250,11 +250,9 @@ class Rig:
 @pytest.fixture
 def rig(api: AdminAPI, namespace: str, local_cluster: LocalCluster) -> Iterator[Rig]:
     # Admin access needs the namespace label.
-    api.request(
-        "PATCH",
+    api.merge_patch(
         path_for("v1", "namespaces", name=namespace),
-        content=b'{"metadata":{"labels":{"resource.kubernetes.io/admin-access":"true"}}}',
-        headers={"Content-Type": "application/merge-patch+json"},
+        {"metadata": {"labels": {"resource.kubernetes.io/admin-access": "true"}}},
     )
     rig = Rig(api, namespace)
     rig.create()
@@ -262,11 +260,11 @@ def rig(api: AdminAPI, namespace: str, local_cluster: LocalCluster) -> Iterator[
         yield rig
     finally:
         for pod in api.items(path_for("v1", "pods", namespace)):
-            with contextlib.suppress(APIError):
+            with contextlib.suppress(KubeAPIError):
                 api.request(
                     "DELETE",
                     path_for("v1", "pods", namespace, pod["metadata"]["name"]),
-                    json={"gracePeriodSeconds": 0},
+                    {"gracePeriodSeconds": 0},
                 )
         rig.delete()
 

@@ -21,8 +21,9 @@ import pytest
 
 from controller.claims import fences as fence
 from controller.claims.allocation import ALLOCATION_ANNOTATION, FINALIZER, STATUS_ANNOTATION
-from devtools.cluster.api import AdminAPI, path_for, wait_until
+from devtools.cluster.api import AdminAPI
 from devtools.cluster.local import LocalCluster
+from devtools.cluster.wait import wait_until
 from devtools.harness.controller import (
     NAMESPACE,
     ControllerProcess,
@@ -33,7 +34,7 @@ from devtools.harness.controller import (
 from dradriver.api import parameters as params
 from dradriver.api.wellknown import CONFLICT_ANNOTATION
 from dradriver.k8s.objects import Obj
-from dradriver.k8s.paths import RESOURCE_V1
+from dradriver.k8s.paths import RESOURCE_V1, path_for
 
 R = RESOURCE_V1
 NODE = "node-1"
@@ -162,7 +163,7 @@ class Rig:
             self.api.request(
                 "DELETE",
                 path_for("v1", "pods", ns, pod["metadata"]["name"]),
-                json={"gracePeriodSeconds": 0},
+                {"gracePeriodSeconds": 0},
             )
         for claim in self.api.items(path_for(R, "resourceclaims", ns)):
             self.api.delete(path_for(R, "resourceclaims", ns, claim["metadata"]["name"]))
@@ -411,7 +412,7 @@ def test_restart_between_finalizer_and_allocation_recovers(
             assert claim["metadata"]["finalizers"].count(FINALIZER) == 1
             rig.delete_all()
         finally:
-            if proc.proc is not None:
+            if proc.process is not None:
                 rig.delete_all()
             proc.stop()
 
@@ -539,11 +540,9 @@ def test_conflict_is_held_then_fenced_and_reallocated(
                 "nodeSelector": allocation["nodeSelector"],
                 "allocationTimestamp": allocation["allocationTimestamp"],
             }
-            api.request(
-                "PATCH",
+            api.merge_patch(
                 path_for(R, "resourceclaims", namespace, "theirs") + "/status",
-                json={"status": {"allocation": double}},
-                headers={"Content-Type": "application/merge-patch+json"},
+                {"status": {"allocation": double}},
             )
 
             def holding() -> Obj | None:
@@ -569,9 +568,7 @@ def test_conflict_is_held_then_fenced_and_reallocated(
             wait_until("pod judged unschedulable", unschedulable, DEADLINE)
             # No pod may race for the device from here on: then the outcome is certain.
             api.request(
-                "DELETE",
-                path_for("v1", "pods", namespace, "wants"),
-                json={"gracePeriodSeconds": 0},
+                "DELETE", path_for("v1", "pods", namespace, "wants"), {"gracePeriodSeconds": 0}
             )
             wait_until(
                 "pod gone",

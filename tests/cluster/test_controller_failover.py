@@ -19,11 +19,12 @@ from pathlib import Path
 import pytest
 
 from controller.claims.allocation import FINALIZER, STATUS_ANNOTATION
-from devtools.cluster.api import AdminAPI, path_for, wait_until
+from devtools.cluster.api import AdminAPI
 from devtools.cluster.local import LocalCluster
+from devtools.cluster.wait import wait_until
 from devtools.harness.controller import NAMESPACE, ControllerProcess, controller_kubeconfig
 from dradriver.k8s.objects import Obj
-from dradriver.k8s.paths import RESOURCE_V1
+from dradriver.k8s.paths import RESOURCE_V1, path_for
 from tests.cluster.test_controller_allocation import DEADLINE, Rig, describe, devices_of
 
 CLAIMS = 30
@@ -58,11 +59,9 @@ def without_controller_finalizer(api: AdminAPI, namespace: str) -> None:
     for c in claims(api, namespace):
         kept = [f for f in c["metadata"].get("finalizers") or [] if f != FINALIZER]
         if kept != (c["metadata"].get("finalizers") or []):
-            api.request(
-                "PATCH",
+            api.merge_patch(
                 path_for(RESOURCE_V1, "resourceclaims", namespace, c["metadata"]["name"]),
-                json={"metadata": {"finalizers": kept or None}},
-                headers={"Content-Type": "application/merge-patch+json"},
+                {"metadata": {"finalizers": kept or None}},
             )
 
 
@@ -146,7 +145,7 @@ def test_standby_finishes_allocating_after_the_leader_is_killed(
             rig.delete_all()  # the standby deallocates and removes its finalizer
         finally:
             leader.kill()
-            if standby.proc is not None and standby.proc.poll() is None:
+            if standby.process is not None and standby.process.alive():
                 rig.delete_all()
             standby.stop()
             without_controller_finalizer(api, namespace)

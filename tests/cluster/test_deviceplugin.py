@@ -22,14 +22,15 @@ import grpc
 import pytest
 import yaml
 
-from devtools.cluster.api import AdminAPI, path_for, wait_until
+from devtools.cluster.api import AdminAPI
 from devtools.cluster.kubeletstate import kubelet_cdi_ids
 from devtools.cluster.local import LocalCluster
+from devtools.cluster.wait import wait_until
 from devtools.harness.nodeplugin import NodePlugin, node_slices, start_node_plugin
 from dradriver.host.cdi import CDIRegistry
 from dradriver.host.ledger import Ledger
 from dradriver.k8s.objects import Obj
-from dradriver.k8s.paths import RESOURCE_V1
+from dradriver.k8s.paths import RESOURCE_V1, path_for
 from dradriver.kubeletapi.gen import deviceplugin_v1beta1_pb2 as dp
 from dradriver.kubeletapi.gen import podresources_v1_pb2 as pr
 from dradriver.kubeletapi.gen import podresources_v1_pb2_grpc as pr_grpc
@@ -488,7 +489,7 @@ def test_kubelet_restart_reregisters_without_restarting_the_plugin(
     assert len(holds) == 1
     releases = ready.metric("dradriver_deviceplugin_releases_total")
     before = restarts()
-    pid = ready.plugin.proc.pid if ready.plugin.proc else None
+    pid = ready.plugin.process.pid if ready.plugin.process else None
     local_cluster.restart_component("kubelet")
     wait_until("re-registration after the kubelet restart", lambda: restarts() > before, DEADLINE)
     wait_until(
@@ -496,8 +497,8 @@ def test_kubelet_restart_reregisters_without_restarting_the_plugin(
         lambda: node_resource(api, ready.resource) == (4, 4),
         DEADLINE,
     )
-    assert ready.plugin.proc is not None and ready.plugin.proc.pid == pid
-    assert ready.plugin.proc.poll() is None
+    assert ready.plugin.process is not None and ready.plugin.process.pid == pid
+    assert ready.plugin.process.alive()
     # A fresh kubelet may not list its pods yet: the running pod's hold must survive until
     # the kubelet has settled and several polls have seen the pod again.
     sock = local_cluster.layout.kubelet_root / "pod-resources" / "kubelet.sock"

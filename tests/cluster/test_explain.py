@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import asyncio
 
-from devtools.cluster.api import AdminAPI, path_for, wait_until
+from devtools.cluster.api import AdminAPI
 from devtools.cluster.config import NODE_NAME
 from devtools.cluster.local import LocalCluster
+from devtools.cluster.wait import wait_until
 from devtools.demo import example
 from dradriver.cli.explain import run_explain
 from dradriver.k8s.paths import RESOURCE_V1 as R
+from dradriver.k8s.paths import path_for
 
 
 def test_explain_names_the_selector_and_the_holder(

@@ -16,9 +16,10 @@ import pytest
 import yaml
 
 from controller.claims.allocation import ALLOCATION_ANNOTATION
-from devtools.cluster.api import AdminAPI, path_for, wait_until
+from devtools.cluster.api import AdminAPI
 from devtools.cluster.kubeletstate import kubelet_cdi_ids as read_kubelet_cdi_ids
 from devtools.cluster.local import LocalCluster
+from devtools.cluster.wait import wait_until
 from devtools.harness.controller import install_crds, namespaced_controller
 from devtools.harness.nodeplugin import NodePlugin, free_port, node_slices, start_node_plugin
 from dradriver.api import parameters as params
@@ -28,7 +29,7 @@ from dradriver.host.containeredits import ContainerEdits
 from dradriver.host.ledger import ClaimDevice, Ledger
 from dradriver.k8s.client import KubeClient, load_connection
 from dradriver.k8s.objects import Obj
-from dradriver.k8s.paths import RESOURCE_V1
+from dradriver.k8s.paths import RESOURCE_V1, path_for
 from dradriver.kubeletapi.gen import dra_v1_pb2, dra_v1_pb2_grpc
 from dradriver.resourceslice.builder import build_node_slices
 from dradriver.resourceslice.publisher import SlicePublisher
@@ -148,7 +149,7 @@ def plugin(local_cluster: LocalCluster) -> Iterator[NodePlugin]:
 @pytest.fixture
 def published(plugin: NodePlugin, api: AdminAPI) -> NodePlugin:
     """The plugin is running and registered, and the node's slices are all there."""
-    if plugin.proc is None:
+    if plugin.process is None:
         plugin.start()
     plugin.wait_ready()
 
@@ -408,11 +409,9 @@ def test_scheduler_allocated_claim_gets_referenced_parameters_pinned(
         edits = cdi(published).resolve_many(kubelet_cdi_ids(local_cluster, uid))
         assert edits.env["MODE"] == "turbo"
 
-        api.request(
-            "PATCH",
+        api.merge_patch(
             path_for(params_api, params.PLURAL, namespace, "fast"),
-            json={"spec": {"env": {"MODE": "slow"}}},
-            headers={"Content-Type": "application/merge-patch+json"},
+            {"spec": {"env": {"MODE": "slow"}}},
         )
 
         def revalidated() -> bool:
@@ -548,7 +547,7 @@ def test_kubelet_restart_reregisters_and_republishes(
         return count == ALL_DEVICES and not ({s["metadata"]["uid"] for s in slices} & slice_uids)
 
     wait_until("slices republished after the kubelet's wipe", republished, DEADLINE)
-    assert published.proc is not None and published.proc.poll() is None
+    assert published.process is not None and published.process.alive()
 
 
 def test_wiped_cdi_dir_is_regenerated_at_start(
@@ -701,16 +700,16 @@ def allocate_directly(api: AdminAPI, ns: str, name: str, device: str) -> str:
             "allocationTimestamp": "2026-01-01T00:00:00Z",
         }
     }
-    api.request("PUT", path_for(R, "resourceclaims", ns, name) + "/status", json=claim)
+    api.replace(path_for(R, "resourceclaims", ns, name) + "/status", claim)
     return str(claim["metadata"]["uid"])
 
 
 def release_directly(api: AdminAPI, ns: str, name: str) -> None:
     claim = api.get(path_for(R, "resourceclaims", ns, name))
     claim["status"] = {}
-    claim = api.request("PUT", path_for(R, "resourceclaims", ns, name) + "/status", json=claim)
+    claim = api.replace(path_for(R, "resourceclaims", ns, name) + "/status", claim)
     claim["metadata"]["finalizers"] = []
-    api.request("PUT", path_for(R, "resourceclaims", ns, name), json=claim)
+    api.replace(path_for(R, "resourceclaims", ns, name), claim)
     api.delete(path_for(R, "resourceclaims", ns, name))
 
 
@@ -795,7 +794,7 @@ def test_corrupt_ledger_is_kept_aside_and_nothing_is_lost(
 def test_rolling_update_hands_over_without_a_gap(
     published: NodePlugin, api: AdminAPI, namespace: str
 ) -> None:
-    successor = dataclasses.replace(published, instance="next", port=free_port(), proc=None)
+    successor = dataclasses.replace(published, instance="next", port=free_port(), process=None)
     successor.start()
     try:
         successor.wait_ready()

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from devtools.cluster.api import AdminAPI, path_for, wait_until
+from devtools.cluster.api import AdminAPI
+from devtools.cluster.apply import FIELD_MANAGER, apply
 from devtools.cluster.config import NODE_NAME
 from devtools.cluster.local import AlreadyRunning, LocalCluster
+from devtools.cluster.wait import wait_until
 from devtools.demo import example
-from dradriver.k8s.paths import RESOURCE_V1
+from dradriver.k8s.paths import RESOURCE_V1, path_for
 
 R = RESOURCE_V1
 # Allows one kubelet retry after Node-authorizer lag (see local-cluster.md).
@@ -53,6 +55,28 @@ def test_resource_v1_is_served(api: AdminAPI) -> None:
         "resourceclaimtemplates",
         "resourceslices",
     } <= resources
+
+
+def test_apply_is_server_side_and_keeps_what_others_own(api: AdminAPI, namespace: str) -> None:
+    doc = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": "applied", "namespace": namespace},
+        "data": {"a": "1", "b": "2"},
+    }
+    apply(api, doc)
+    api.merge_patch(
+        path_for("v1", "configmaps", namespace, "applied"),
+        {"metadata": {"labels": {"owner": "someone-else"}}},
+    )
+    doc["data"] = {"a": "3"}
+    applied = apply(api, doc)
+    # "b" was ours and is no longer applied: gone; the label is another writer's: kept.
+    assert applied["data"] == {"a": "3"}
+    assert applied["metadata"]["labels"] == {"owner": "someone-else"}
+    assert FIELD_MANAGER in {m["manager"] for m in applied["metadata"]["managedFields"]}
+    with pytest.raises(ValueError, match="serves no kind Nope in v1"):
+        apply(api, {"apiVersion": "v1", "kind": "Nope", "metadata": {"name": "x"}})
 
 
 def test_second_up_is_refused(local_cluster: LocalCluster) -> None:

@@ -11,10 +11,12 @@ import httpx
 import pytest
 import yaml
 
-from devtools.cluster.api import AdminAPI, path_for, wait_until
+from devtools.cluster.api import AdminAPI
 from devtools.cluster.local import LocalCluster
+from devtools.cluster.wait import wait_until
 from devtools.harness.nodeplugin import NodePlugin, start_node_plugin, wait_for_slices
 from dradriver.k8s.paths import RESOURCE_V1 as R
+from dradriver.k8s.paths import path_for
 
 DRIVER = "dradriver.dev"
 NODE = "node-2"

@@ -16,13 +16,15 @@ import pytest
 import yaml
 
 from controller.claims.allocation import ALLOCATION_ANNOTATION
-from devtools.cluster.api import AdminAPI, path_for, wait_until
+from devtools.cluster.api import AdminAPI
 from devtools.cluster.local import LocalCluster
+from devtools.cluster.wait import wait_until
 from devtools.harness.controller import ControllerProcess, namespaced_controller
 from devtools.harness.nodeplugin import NodePlugin, start_node_plugin
 from dradriver.api import networkpool as net
 from dradriver.k8s.objects import Obj
 from dradriver.k8s.paths import RESOURCE_V1 as R
+from dradriver.k8s.paths import path_for
 
 DRIVER = "dradriver.dev"
 POOLS = f"{DRIVER}/{net.VERSION}"
@@ -144,12 +146,7 @@ class Fabric:
             # A test that failed half-way: drop the pool even without a controller to
             # release its detach finalizer, so its slices cannot leak into later tests.
             path = path_for(POOLS, net.PLURAL, name=self.name)
-            self.api.request(
-                "PATCH",
-                path,
-                json={"metadata": {"finalizers": None}},
-                headers={"Content-Type": "application/merge-patch+json"},
-            )
+            self.api.merge_patch(path, {"metadata": {"finalizers": None}})
             self.api.delete(path)
 
     def pool(self) -> Obj | None:
@@ -224,7 +221,7 @@ class Fabric:
     def finish(self, pod: str) -> None:
         """Delete the pod; its claim's device is detached; then the pool goes."""
         self.api.request(
-            "DELETE", path_for("v1", "pods", self.namespace, pod), json={"gracePeriodSeconds": 0}
+            "DELETE", path_for("v1", "pods", self.namespace, pod), {"gracePeriodSeconds": 0}
         )
         wait_until("detached after the pod is gone", lambda: not self.attachments(), DEADLINE)
         self.delete_pool()
@@ -337,12 +334,7 @@ def test_attach_failure_sends_the_pod_back_to_scheduling(
         pool = fabric.pool()
         assert pool is not None
         fabric.fail = []
-        api.request(
-            "PATCH",
-            path_for(POOLS, net.PLURAL, name=fabric.name),
-            json={"spec": fabric.spec()},
-            headers={"Content-Type": "application/merge-patch+json"},
-        )
+        api.merge_patch(path_for(POOLS, net.PLURAL, name=fabric.name), {"spec": fabric.spec()})
         wait_until("pod running", lambda: running(fabric.get_pod("user")), DEADLINE * 2)
         fabric.finish("user")
 
@@ -409,9 +401,7 @@ def test_controller_allocated_network_claim_is_attached_before_any_pod(
         fabric.pod("user", {"resourceClaimName": "early"})
         pod = wait_until("pod running", lambda: fabric.running_pod("user"), DEADLINE)
         assert pod["spec"]["nodeName"] == "node-2"
-        api.request(
-            "DELETE", path_for("v1", "pods", namespace, "user"), json={"gracePeriodSeconds": 0}
-        )
+        api.request("DELETE", path_for("v1", "pods", namespace, "user"), {"gracePeriodSeconds": 0})
         wait_until("pod gone", lambda: not api.items(path_for("v1", "pods", namespace)), DEADLINE)
         api.delete(path_for(R, "resourceclaims", namespace, "early"))
         wait_until("detached after the claim is gone", lambda: not fabric.attachments(), DEADLINE)

@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 
 from controller.claims.allocation import IN_USE_FINALIZER
-from devtools.cluster.api import AdminAPI, APIError, path_for, wait_until
+from devtools.cluster.api import AdminAPI
 from devtools.cluster.local import LocalCluster
+from devtools.cluster.wait import wait_until
 from devtools.harness.controller import (
     NAMESPACE,
     ControllerProcess,
@@ -20,8 +21,9 @@ from devtools.harness.controller import (
     namespaced_controller,
 )
 from dradriver.api import parameters as params
+from dradriver.k8s.client import KubeAPIError
 from dradriver.k8s.objects import Obj
-from dradriver.k8s.paths import RESOURCE_V1
+from dradriver.k8s.paths import RESOURCE_V1, path_for
 from tests.cluster.test_controller_allocation import DEADLINE, NODE, Rig, devices_of
 
 API_VERSION = f"dradriver.dev/{params.VERSION}"
@@ -49,7 +51,7 @@ def crd(api: AdminAPI) -> None:
 
 def rejected(api: AdminAPI, namespace: str, spec: Obj, strict: bool = False) -> str:
     query = "?fieldValidation=Strict" if strict else ""
-    with pytest.raises(APIError) as info:
+    with pytest.raises(KubeAPIError) as info:
         api.create(parameters_path(namespace) + query, parameters(namespace, "bad", spec))
     # 422 from schema validation, 400 from strict decoding (unknown fields).
     assert info.value.status == (400 if strict else 422), info.value.body
@@ -70,9 +72,7 @@ def test_valid_object_is_stored_with_defaults(api: AdminAPI, crd: None, namespac
     assert params.spec_of(created).count == 2
     # Printer columns.
     table = api.request(
-        "GET",
-        parameters_path(namespace),
-        headers={"Accept": "application/json;as=Table;v=v1;g=meta.k8s.io"},
+        "GET", parameters_path(namespace), accept="application/json;as=Table;v=v1;g=meta.k8s.io"
     )
     names = [c["name"] for c in table["columnDefinitions"]]
     assert names == ["Name", "Profile", "Mode", "Valid", "Age"]
@@ -236,11 +236,9 @@ def without_in_use_finalizer(api: AdminAPI, namespace: str) -> None:
     for obj in api.items(parameters_path(namespace)):
         kept = [f for f in obj["metadata"].get("finalizers") or [] if f != IN_USE_FINALIZER]
         if kept != (obj["metadata"].get("finalizers") or []):
-            api.request(
-                "PATCH",
+            api.merge_patch(
                 parameters_path(namespace, obj["metadata"]["name"]),
-                json={"metadata": {"finalizers": kept or None}},
-                headers={"Content-Type": "application/merge-patch+json"},
+                {"metadata": {"finalizers": kept or None}},
             )
 
 
@@ -321,7 +319,7 @@ def test_parameters_count_and_selectors_choose_the_devices(
         published = api.get(path)
         for i, device in enumerate(published["spec"]["devices"]):
             device["attributes"] = {"index": {"int": i}}
-        api.request("PUT", path, json=published)
+        api.replace(path, published)
         spec = {
             "count": 2,
             "selectors": [f"device.attributes['{rig.driver}'].index in [1, 3]"],

@@ -9,7 +9,6 @@ it is deleted at the end whatever happens. The webhook runs standalone
 
 from __future__ import annotations
 
-import json
 import shutil
 import ssl
 import subprocess
@@ -25,9 +24,10 @@ import httpx
 import pytest
 import yaml
 
-from devtools.cluster.api import AdminAPI, APIError, path_for, wait_until
+from devtools.cluster.api import AdminAPI
 from devtools.cluster.local import LocalCluster
-from devtools.cluster.process import log_tail
+from devtools.cluster.process import ManagedProcess
+from devtools.cluster.wait import wait_until
 from devtools.harness.controller import (
     NAMESPACE,
     ControllerProcess,
@@ -46,8 +46,9 @@ from devtools.harness.webhook import (
 )
 from dradriver.api import networkpool as net
 from dradriver.api import parameters as params
+from dradriver.k8s.client import KubeAPIError
 from dradriver.k8s.objects import Obj
-from dradriver.k8s.paths import RESOURCE_V1
+from dradriver.k8s.paths import RESOURCE_V1, path_for
 
 DRIVER = "dradriver.dev"
 API_VERSION = f"{DRIVER}/{params.VERSION}"
@@ -102,7 +103,7 @@ def network_pool(name: str, labels: dict[str, str], spec: Obj) -> Obj:
 
 
 def denied(api: AdminAPI, path: str, body: Obj, prefix: str = DENIED) -> str:
-    with pytest.raises(APIError) as info:
+    with pytest.raises(KubeAPIError) as info:
         api.create(path, body)
     message = str(info.value.body.get("message", ""))
     assert info.value.status == 422, info.value.body
@@ -117,13 +118,8 @@ def delete_pool(api: AdminAPI, name: str) -> None:
     api.delete(path)
     if api.get_or_none(path) is not None:
         try:
-            api.request(
-                "PATCH",
-                path,
-                content=json.dumps({"metadata": {"finalizers": None}}),
-                headers={"Content-Type": "application/merge-patch+json"},
-            )
-        except APIError as e:
+            api.merge_patch(path, {"metadata": {"finalizers": None}})
+        except KubeAPIError as e:
             if e.status != 404:
                 raise
     wait_until(f"pool {name} deleted", lambda: api.get_or_none(path) is None, 30)
@@ -138,10 +134,10 @@ def webhook(local_cluster: LocalCluster) -> Iterator[Webhook]:
     pki = local_cluster.layout.pki
     pair = issue_serving_cert(pki, workdir)
     port = free_port()
-    log_path = workdir / "webhook.log"
-    with local_cluster.api() as api, log_path.open("wb") as log:
+    with local_cluster.api() as api:
         install_crds(api)
-        proc = subprocess.Popen(
+        proc = ManagedProcess.start(
+            "dradriver-webhook",
             [
                 sys.executable,
                 "-m",
@@ -151,23 +147,19 @@ def webhook(local_cluster: LocalCluster) -> Iterator[Webhook]:
                 f"--key={pair.key}",
                 "--log-level=debug",
             ],
-            stdout=log,
-            stderr=subprocess.STDOUT,
+            log_path=workdir / "webhook.log",
+            cwd=workdir / "webhook.cwd",
         )
         try:
             tls = ssl.create_default_context(cafile=str(pki / "ca.crt"))
             base = f"https://127.0.0.1:{port}"
             with httpx.Client(verify=tls, timeout=5) as http:
-
-                def healthy() -> bool:
-                    if proc.poll() is not None:
-                        raise RuntimeError(f"webhook exited:\n{log_tail(log_path)}")
-                    try:
-                        return http.get(f"{base}/readyz").status_code == 200
-                    except httpx.TransportError:
-                        return False
-
-                wait_until("webhook ready", healthy, 30)
+                proc.wait_ready(
+                    "webhook ready",
+                    lambda: http.get(f"{base}/readyz").status_code == 200,
+                    30,
+                    ignore=(httpx.TransportError,),
+                )
             api.create(
                 "/api/v1/namespaces",
                 {"metadata": {"name": namespace, "labels": {LABEL: unique}}},
@@ -188,7 +180,7 @@ def webhook(local_cluster: LocalCluster) -> Iterator[Webhook]:
                 probe = parameters(namespace, "probe", {"selectors": [BAD_SELECTOR]})
                 try:
                     api.create(parameters_path(namespace) + "?dryRun=All", probe)
-                except APIError as e:
+                except KubeAPIError as e:
                     if DENIED in str(e.body.get("message", "")):
                         return True
                     raise
@@ -201,12 +193,7 @@ def webhook(local_cluster: LocalCluster) -> Iterator[Webhook]:
         finally:
             api.delete(f"{CONFIGS}/{config_name}")
             api.delete(path_for("v1", "namespaces", name=namespace))
-            proc.terminate()
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            proc.stop(timeout=10)
             shutil.rmtree(workdir, ignore_errors=True)
 
 
@@ -232,12 +219,10 @@ def test_valid_parameters_are_admitted(api: AdminAPI, webhook: Webhook) -> None:
     assert created["spec"]["profile"] == "fast"
     # An update that breaks the selector is denied too. A merge patch, not a PUT: a
     # controller of a concurrent test may write the status meanwhile (no 409 then).
-    with pytest.raises(APIError) as info:
-        api.request(
-            "PATCH",
+    with pytest.raises(KubeAPIError) as info:
+        api.merge_patch(
             path_for(API_VERSION, params.PLURAL, webhook.namespace, "good"),
-            content=json.dumps({"spec": {"selectors": [BAD_SELECTOR]}}),
-            headers={"Content-Type": "application/merge-patch+json"},
+            {"spec": {"selectors": [BAD_SELECTOR]}},
         )
     assert info.value.status == 422, info.value.body
     assert str(info.value.body.get("message")).startswith(DENIED + "spec.selectors[0]: ")
@@ -317,7 +302,7 @@ def test_request_selector_for_our_class_is_denied(api: AdminAPI, webhook: Webhoo
     body["spec"]["devices"]["requests"][0]["exactly"]["selectors"] = [
         {"cel": {"expression": 'device.attributes["dradriver.dev"].model.startsWith(1)'}}
     ]
-    with pytest.raises(APIError) as info:
+    with pytest.raises(KubeAPIError) as info:
         api.create(path_for(RESOURCE_V1, "resourceclaims", webhook.namespace), body)
     # The apiserver compiles request selectors itself and may deny before us; either way
     # the answer names the field.
@@ -351,7 +336,7 @@ def test_network_pools_are_validated(api: AdminAPI, webhook: Webhook) -> None:
     # An unknown backend: the CRD schema denies it before the webhook is called; either
     # way the message names the field and the allowed values.
     bad = network_pool(name, labels, {"attach": {"backend": "tftp"}, "devices": devices})
-    with pytest.raises(APIError) as info:
+    with pytest.raises(KubeAPIError) as info:
         api.create(POOLS, bad)
     assert info.value.status == 422, info.value.body
     message = str(info.value.body.get("message"))
@@ -374,13 +359,8 @@ def test_network_pools_are_validated(api: AdminAPI, webhook: Webhook) -> None:
     try:
         created = api.create(POOLS, good)
         assert created["spec"]["attach"]["backend"] == "simulated"
-        with pytest.raises(APIError) as info:
-            api.request(
-                "PATCH",
-                f"{POOLS}/{name}",
-                content=json.dumps({"spec": {"attach": {"backend": "exec"}}}),
-                headers={"Content-Type": "application/merge-patch+json"},
-            )
+        with pytest.raises(KubeAPIError) as info:
+            api.merge_patch(f"{POOLS}/{name}", {"spec": {"attach": {"backend": "exec"}}})
         assert info.value.status == 422, info.value.body
         assert str(info.value.body.get("message")) == (
             DENIED_POOL + "spec.attach: backend exec needs the exec section (command)"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import socket
 import sys
 from pathlib import Path
@@ -18,8 +20,9 @@ from devtools.cluster.config import (
     kubelet_config,
     parse_feature_gates,
 )
-from devtools.cluster.local import ClusterError, LocalCluster, wait_for
-from devtools.cluster.process import Component, ComponentDied, ProcessRecord
+from devtools.cluster.local import ClusterError, LocalCluster
+from devtools.cluster.process import ManagedProcess, ProcessDied, ProcessRecord
+from devtools.cluster.wait import WaitTimeout, wait_until
 
 
 def test_feature_gates_round_trip() -> None:
@@ -69,32 +72,126 @@ def test_pki_chains_to_the_ca_and_keys_are_private(tmp_path: Path) -> None:
 
 
 def test_dead_component_is_named_with_its_log_tail(tmp_path: Path) -> None:
-    comp = Component(
+    comp = ManagedProcess.start(
         "boomer",
         [sys.executable, "-c", "import sys; print('cannot start: boom'); sys.exit(3)"],
-        tmp_path / "work",
-        tmp_path / "boomer.log",
+        log_path=tmp_path / "boomer.log",
+        cwd=tmp_path / "work",
     )
-    with pytest.raises(ComponentDied) as info:
-        wait_for("never", lambda: False, timeout=30, components=[comp])
+    with pytest.raises(ProcessDied) as info:
+        wait_until("never", lambda: False, timeout=30, watch=[comp])
     assert "boomer died (exit code 3)" in str(info.value)
     assert "cannot start: boom" in str(info.value)
 
 
 def test_process_record_does_not_match_a_reused_pid(tmp_path: Path) -> None:
-    comp = Component(
+    comp = ManagedProcess.start(
         "sleeper",
         [sys.executable, "-c", "import time; time.sleep(60)"],
-        tmp_path / "w",
-        tmp_path / "s.log",
+        log_path=tmp_path / "s.log",
+        cwd=tmp_path / "w",
     )
     assert comp.record.alive()
-    impostor = ProcessRecord("x", comp.record.pid, "/bin/true", "")
+    impostor = ManagedProcess.adopt(ProcessRecord("x", comp.pid, "/bin/true", ""))
     assert not impostor.alive()
     impostor.stop()  # must not signal the sleeper
-    assert comp.record.alive()
-    comp.record.stop()
+    assert comp.alive() and comp.record.alive()
+    # Stopped from its record alone, as `dradriver cluster down` does from another process.
+    ManagedProcess.adopt(comp.record).stop()
     assert not comp.record.alive()
+
+
+def _python(tmp_path: Path, name: str, code: str) -> ManagedProcess:
+    return ManagedProcess.start(
+        name,
+        [sys.executable, "-c", code],
+        log_path=tmp_path / f"{name}.log",
+        cwd=tmp_path / f"{name}.cwd",
+    )
+
+
+def _logged(process: ManagedProcess, text: str) -> bool:
+    process.check()
+    return text in process.log_path.read_text()
+
+
+# Children say "ready" once their SIGTERM handler is installed, so no signal can come early.
+IGNORES_SIGTERM = """
+import signal, time
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+print("ready", flush=True)
+time.sleep(120)
+"""
+EXITS_7_ON_SIGTERM = """
+import signal, sys, time
+signal.signal(signal.SIGTERM, lambda *_: sys.exit(7))
+print("ready", flush=True)
+time.sleep(120)
+"""
+
+
+def test_process_runs_in_its_own_cwd_and_session_with_its_log(tmp_path: Path) -> None:
+    process = _python(
+        tmp_path,
+        "where",
+        "import os; print(os.getcwd(), os.getsid(0) == os.getpid(), flush=True)",
+    )
+    wait_until("where exited", lambda: process.returncode is not None, 30)
+    assert process.log_path.read_text() == f"{tmp_path / 'where.cwd'} True\n"
+    assert list((tmp_path / "where.cwd").iterdir()) == []
+    assert process.record.exe == os.path.realpath(sys.executable)
+    assert process.record.argv[0] == sys.executable
+
+
+def test_terminate_returns_the_exit_code(tmp_path: Path) -> None:
+    process = _python(tmp_path, "graceful", EXITS_7_ON_SIGTERM)
+    try:
+        process.wait_ready("handler installed", lambda: _logged(process, "ready"), 30)
+        assert process.terminate() == 7
+        assert not process.alive()
+    finally:
+        process.kill()
+
+
+def test_stop_kills_what_ignores_sigterm(tmp_path: Path) -> None:
+    process = _python(tmp_path, "stubborn", IGNORES_SIGTERM)
+    try:
+        process.wait_ready("handler installed", lambda: _logged(process, "ready"), 30)
+        with pytest.raises(WaitTimeout, match="did not exit"):
+            process.terminate(timeout=0.2)
+        assert process.alive()
+        assert process.stop(timeout=0.2) == -signal.SIGKILL
+    finally:
+        process.kill()
+
+
+def test_readiness_timeout_carries_the_log_tail(tmp_path: Path) -> None:
+    process = _python(
+        tmp_path, "slow", "import time; print('still booting', flush=True); time.sleep(120)"
+    )
+    try:
+        process.wait_ready("booting logged", lambda: _logged(process, "still booting"), 30)
+        with pytest.raises(WaitTimeout) as info:
+            process.wait_ready("never", lambda: False, timeout=0.2)
+        assert "timed out after 0s waiting for never" in str(info.value)
+        assert str(info.value).endswith("slow.log:\nstill booting")
+    finally:
+        process.kill()
+
+
+def test_wait_until_treats_only_ignored_errors_as_not_yet() -> None:
+    attempts: list[int] = []
+
+    def refused_twice() -> str | None:
+        attempts.append(1)
+        if len(attempts) < 3:
+            raise ConnectionRefusedError("not listening yet")
+        return "up"
+
+    assert wait_until("up", refused_twice, 30, 0.01, ignore=(ConnectionRefusedError,)) == "up"
+    attempts.clear()
+    with pytest.raises(ConnectionRefusedError):
+        wait_until("up", refused_twice, 30, 0.01)
 
 
 def test_taken_port_is_reported(tmp_path: Path) -> None:
