@@ -36,7 +36,7 @@ from dradriver.api.parameters import ENV_NAME_PATTERN, MAX_ENV, validation_messa
 from dradriver.devices import names
 from dradriver.devices.attributes import attribute_value
 from dradriver.devices.quantity import QuantityError, parse_quantity
-from dradriver.resourceslice.builder import MAX_DEVICES_PER_SLICE_WITH_TAINTS_OR_COUNTERS
+from dradriver.k8s.limits import MAX_DEVICES_PER_SLICE_WITH_TAINTS_OR_COUNTERS
 
 VERSION = "v1alpha1"
 KIND = "NetworkDevicePool"

@@ -3,10 +3,11 @@
 Layout (Kubernetes 1.35+ rules, /work/shared/reference/resource-v1.md §5.1 and §5.5):
 
 * counter sets go in slices of their own (a slice holds ``devices`` or ``sharedCounters``,
-  never both), at most :data:`MAX_COUNTER_SETS_PER_SLICE` per slice; they come first;
+  never both), at most ``MAX_COUNTER_SETS_PER_SLICE`` per slice; they come first;
 * devices, sorted by name, fill the following slices in order: a slice holds at most
-  :data:`MAX_DEVICES_PER_SLICE` devices, or :data:`MAX_DEVICES_PER_SLICE_WITH_TAINTS_OR_COUNTERS`
-  if any of its devices has taints (the unhealthy taint counts) or ``consumesCounters``;
+  ``MAX_DEVICES_PER_SLICE`` devices, or ``MAX_DEVICES_PER_SLICE_WITH_TAINTS_OR_COUNTERS``
+  if any of its devices has taints (the unhealthy taint counts) or ``consumesCounters``
+  (the API's limits, :mod:`dradriver.k8s.limits`);
 * an empty pool is one slice without devices ("the driver is up, it has no devices");
 * every slice carries ``nodeName``, the same ``pool.generation`` and
   ``pool.resourceSliceCount`` = the number of slices.
@@ -26,16 +27,17 @@ from typing import Any
 from dradriver.devices import names
 from dradriver.devices.model import CounterSet, Device
 from dradriver.devices.quantity import QuantityError, parse_quantity
+from dradriver.k8s.limits import (
+    MAX_COUNTER_SETS_PER_SLICE,
+    MAX_DEVICES_PER_SLICE,
+    MAX_DEVICES_PER_SLICE_WITH_TAINTS_OR_COUNTERS,
+)
 from dradriver.log import get_logger
 
 log = get_logger("devices.slices")
 
 API_VERSION = "resource.k8s.io/v1"
 KIND = "ResourceSlice"
-
-MAX_DEVICES_PER_SLICE = 128
-MAX_DEVICES_PER_SLICE_WITH_TAINTS_OR_COUNTERS = 64
-MAX_COUNTER_SETS_PER_SLICE = 8
 
 _INDEX_DIGITS = 5
 _HASH_DIGITS = 8

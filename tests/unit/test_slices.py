@@ -12,10 +12,12 @@ from hypothesis import strategies as st
 
 from dradriver.devices.model import CounterConsumption, CounterSet, Device, DeviceTaint
 from dradriver.devices.names import validate_dns_subdomain
-from dradriver.resourceslice.builder import (
+from dradriver.k8s.limits import (
     MAX_COUNTER_SETS_PER_SLICE,
     MAX_DEVICES_PER_SLICE,
     MAX_DEVICES_PER_SLICE_WITH_TAINTS_OR_COUNTERS,
+)
+from dradriver.resourceslice.builder import (
     SliceError,
     build_node_slices,
     device_limit,
