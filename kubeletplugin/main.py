@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from dradriver import DEFAULT_DRIVER_NAME
-from dradriver.devices.config import ConfigError, DriverConfig, load_config
+from dradriver.devices.config import DriverConfig, DriverConfigError, load_config
 from dradriver.devices.sources import build_sources, discover_all
 from dradriver.host.cdi import CDIRegistry
 from dradriver.host.hooks import Hook
@@ -286,7 +286,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     configure(args.log_level)
     try:
         return asyncio.run(_main(args))
-    except (ConfigError, DevicePluginSetupError, LedgerError, UsageError) as e:
+    except (DriverConfigError, DevicePluginSetupError, LedgerError, UsageError) as e:
         print(f"dradriver-kubeletplugin: error: {e}", file=sys.stderr)
         return 1
 

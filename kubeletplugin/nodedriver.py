@@ -16,7 +16,7 @@ from typing import Protocol
 
 from dradriver.api import networkpool as net
 from dradriver.api import pinnedparameters as pins
-from dradriver.api.opaqueconfig import ConfigError, EffectiveConfig, effective_configs
+from dradriver.api.opaqueconfig import DeviceConfigError, EffectiveConfig, effective_configs
 from dradriver.api.wellknown import CONFLICT_ANNOTATION
 from dradriver.host.cdi import CDIDevice, CDIRegistry
 from dradriver.host.containeredits import ContainerEdits
@@ -181,7 +181,7 @@ class NodeDriver:
             raise PrepareError(f"ResourceClaim {claim}: {e}") from e
         try:
             configs = effective_configs(self.driver_name, config, requests)
-        except ConfigError as e:
+        except DeviceConfigError as e:
             raise PrepareError(f"ResourceClaim {claim}: invalid opaque config: {e}") from e
         planned = []
         for r in results:

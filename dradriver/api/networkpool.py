@@ -31,14 +31,16 @@ from pydantic import (
 )
 
 from dradriver import DEFAULT_DRIVER_NAME
+from dradriver.api import group
 from dradriver.api.crdgen import CRDKind
-from dradriver.api.parameters import ENV_NAME_PATTERN, MAX_ENV, validation_message
+from dradriver.api.parameters import ENV_NAME_PATTERN, MAX_ENV
 from dradriver.devices import names
 from dradriver.devices.attributes import attribute_value
 from dradriver.devices.quantity import QuantityError, parse_quantity
+from dradriver.errors import FieldError, FieldErrors, from_validation_error, under
 from dradriver.k8s.limits import MAX_DEVICES_PER_SLICE_WITH_TAINTS_OR_COUNTERS
 
-VERSION = "v1alpha1"
+VERSION = group.VERSION
 KIND = "NetworkDevicePool"
 LIST_KIND = "NetworkDevicePoolList"
 PLURAL = "networkdevicepools"
@@ -91,8 +93,9 @@ def object_name(pool: str) -> str | None:
     return pool[len(POOL_PREFIX) :] if is_network_pool(pool) else None
 
 
-class NetworkPoolError(ValueError):
-    """A NetworkDevicePool spec is invalid; the message names the field."""
+class NetworkPoolError(FieldErrors):
+    """A NetworkDevicePool is invalid (each error names its field), or a network device is
+    not attached to this node (yet)."""
 
 
 # --- spec -------------------------------------------------------------------------------
@@ -318,7 +321,9 @@ def parse_spec(spec: Any, where: str = "spec") -> NetworkDevicePoolSpec:
     try:
         return NetworkDevicePoolSpec.model_validate(spec if spec is not None else {})
     except ValidationError as e:
-        raise NetworkPoolError(validation_message(where, e)) from e
+        raise NetworkPoolError(
+            *under(where, from_validation_error(e, NetworkDevicePoolSpec))
+        ) from e
 
 
 def parse_status(obj: Mapping[str, Any]) -> NetworkDevicePoolStatus:
@@ -334,7 +339,7 @@ def validate_object(obj: Mapping[str, Any]) -> NetworkDevicePoolSpec:
     try:
         names.validate_dns_label(name, "NetworkDevicePool name")
     except ValueError as e:
-        raise NetworkPoolError(f"metadata.name: {e}") from e
+        raise NetworkPoolError(FieldError("metadata.name", str(e))) from e
     return parse_spec(obj.get("spec"))
 
 
