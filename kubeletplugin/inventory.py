@@ -11,7 +11,7 @@ from dradriver.plugin.interface import DeviceHealth
 log = get_logger("kubeletplugin.inventory")
 
 
-class Inventory:
+class NodeInventory:
     """Devices by name; ``refresh`` re-runs discovery (health included)."""
 
     def __init__(self, pool: str, discover: Callable[[], list[Device]]) -> None:

@@ -23,7 +23,7 @@ from dradriver.log import configure, get_logger
 from dradriver.plugin.helper import KubeletPluginHelper, PluginPaths
 from dradriver.resourceslice.builder import build_node_slices
 from dradriver.resourceslice.publisher import SlicePublisher
-from kubeletplugin.inventory import Inventory
+from kubeletplugin.inventory import NodeInventory
 from kubeletplugin.legacy.podresources import HoldReconciler, PodResourcesClient
 from kubeletplugin.legacy.shim import DevicePluginSetupError, DevicePluginShim
 from kubeletplugin.metrics import PluginMetrics
@@ -140,7 +140,7 @@ class Plugin:
         self.client = KubeClient(load_connection(args.kubeconfig), "dradriver-kubeletplugin")
         self.ledger = Ledger.load(Path(state_dir) / "ledger.json")
         sources = build_sources(config)
-        self.inventory = Inventory(self.node, lambda: discover_all(sources))
+        self.inventory = NodeInventory(self.node, lambda: discover_all(sources))
         self.shim: DevicePluginShim | None = None
         self.hold_reconciler: HoldReconciler | None = None
         kubelet_root = Path(args.kubelet_root)

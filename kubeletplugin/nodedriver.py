@@ -29,7 +29,7 @@ from dradriver.k8s.paths import RESOURCE_V1, path_for
 from dradriver.log import get_logger
 from dradriver.plugin.claimlock import ClaimLocks
 from dradriver.plugin.interface import ClaimRef, PreparedDevice, PrepareResult
-from kubeletplugin.inventory import Inventory
+from kubeletplugin.inventory import NodeInventory
 from kubeletplugin.metrics import PluginMetrics
 
 log = get_logger("kubeletplugin.driver")
@@ -79,7 +79,7 @@ class NodeDriver:
         *,
         client: KubeClient,
         driver_name: str,
-        inventory: Inventory,
+        inventory: NodeInventory,
         ledger: Ledger,
         cdi: CDIRegistry,
         setup: Hook | None = None,

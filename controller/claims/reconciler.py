@@ -46,7 +46,7 @@ from dradriver.allocator import (
     AllocatedState,
     Allocator,
     DeviceID,
-    Inventory,
+    SliceInventory,
     claim_key,
     explain,
     summarize,
@@ -335,7 +335,7 @@ class ClaimReconciler:
 
     def allocator(self) -> Allocator:
         if self._allocator is None:
-            self._allocator = Allocator(Inventory(self.slices.items(), self.classes.items()))
+            self._allocator = Allocator(SliceInventory(self.slices.items(), self.classes.items()))
         return self._allocator
 
     def _ours(self, key: str) -> bool:

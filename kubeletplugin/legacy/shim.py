@@ -60,7 +60,7 @@ from dradriver.host.ledger import (
     PluginHolder,
 )
 from dradriver.log import get_logger
-from kubeletplugin.inventory import Inventory
+from kubeletplugin.inventory import NodeInventory
 from kubeletplugin.legacy.podresources import Assignment
 from kubeletplugin.metrics import PluginMetrics
 
@@ -117,7 +117,7 @@ class DevicePluginShim:
         *,
         config: DevicePluginConfig,
         driver_name: str,
-        inventory: Inventory,
+        inventory: NodeInventory,
         ledger: Ledger,
         cdi_dir: Path,
         plugin_dir: Path,

@@ -25,7 +25,7 @@ from controller.claims.allocation import (
     with_timestamp,
 )
 from controller.claims.reconciler import NotLeader, ParametersReconciler, parameters_used_by
-from dradriver.allocator import AllocatedState, Allocator, Inventory
+from dradriver.allocator import AllocatedState, Allocator, SliceInventory
 from dradriver.api import parameters as params
 from dradriver.api.opaqueconfig import effective_configs
 from dradriver.k8s.objects import Obj
@@ -225,7 +225,7 @@ def test_allocator_output_gets_a_timestamp_and_pinned_config() -> None:
     classes = [{"metadata": {"name": "cls"}, "spec": {}}]
     c = claim(config=[opaque(reference("p"))])
     request = allocation_request(DRIVER, c, lookup_from(stored("p", {"profile": "x"})))
-    outcome = Allocator(Inventory(slices, classes)).allocate([c], AllocatedState())
+    outcome = Allocator(SliceInventory(slices, classes)).allocate([c], AllocatedState())
     assert outcome.ok and outcome.allocations
     result = with_timestamp(outcome.allocations[0], "2026-01-01T00:00:00Z")
     assert "allocationTimestamp" not in outcome.allocations[0]
@@ -284,9 +284,9 @@ def test_effective_claim_applies_count_and_selectors_without_touching_the_claim(
         ],
     }
     # The allocator honours them: exactly the two devices the selectors leave.
-    outcome = Allocator(Inventory(pool(4), [{"metadata": {"name": "cls"}, "spec": {}}])).allocate(
-        [effective], AllocatedState()
-    )
+    outcome = Allocator(
+        SliceInventory(pool(4), [{"metadata": {"name": "cls"}, "spec": {}}])
+    ).allocate([effective], AllocatedState())
     assert outcome.ok and outcome.allocations
     results = outcome.allocations[0]["devices"]["results"]
     assert sorted(r["device"] for r in results) == ["dev-2", "dev-3"]
