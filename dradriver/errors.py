@@ -48,6 +48,7 @@ Other bad values::
     ├── resourceslice.builder: SliceError            devices that cannot be published as one pool
     ├── cel.env: CompileError                        a CEL expression that does not compile
     ├── cel.semver: SemverError                      not a semantic version
+    ├── cel.ast: DecodeError                         a serialized expression this reader cannot read
     ├── host.ledger: LedgerValueError                (also a LedgerError, below)
     └── host.cdi: CDIValueError                      (also a CDIError, below)
         └── host.cdi: InvalidCDINameError
@@ -72,6 +73,7 @@ Node state, devices and the kubelet::
     ├── runtime.informer: WatchError                 a watch stream that broke
     ├── resourceslice.publisher: DroppedFieldsError  the apiserver dropped fields of a slice
     ├── host.hooks: HookError                        a setup or teardown hook that failed
+    ├── cel.worker: WorkerError                      the CEL worker process did not answer
     └── cli.explain: ExplainError                    ``dradriver explain`` cannot answer
 
 Control flow inside one module's API, never meant to reach a user: ``runtime.controller:
