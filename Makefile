@@ -25,11 +25,12 @@ kube-binaries: install
 lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/lint-imports
 
 typecheck: install
 	$(BIN)/mypy
 
-# The README's test command: lint, types, and all three tiers.
+# The README's test command: lint, import contracts, types, and every test tier.
 test: lint typecheck kube-binaries
 	$(BIN)/pytest tests
 
