@@ -53,7 +53,8 @@ from dradriver.allocator import (
 )
 from dradriver.api import parameters as params
 from dradriver.api.wellknown import CONFLICT_ANNOTATION
-from dradriver.k8s.client import KubeAPIError, KubeClient
+from dradriver.k8s.client import KubeClient
+from dradriver.k8s.errors import KubeAPIError, is_conflict, is_not_found
 from dradriver.k8s.objects import Obj
 from dradriver.k8s.paths import RESOURCE_V1, path_for
 from dradriver.log import get_logger
@@ -130,7 +131,7 @@ class ParametersReconciler:
             try:
                 obj = await self.client.merge_patch(path, body)
             except KubeAPIError as e:
-                if e.status == 404:
+                if is_not_found(e):
                     return None  # deleted meanwhile
                 raise  # 409: the cache is behind; retried with backoff once it catches up
             log.info(
@@ -174,7 +175,7 @@ class ParametersReconciler:
         try:
             await self.client.merge_patch(path, body)
         except KubeAPIError as e:
-            if e.status == 404:
+            if is_not_found(e):
                 return  # deleted meanwhile
             raise  # 409: the cache is behind; retried with backoff once it catches up
         self.status_writes += 1
@@ -783,7 +784,7 @@ class ClaimReconciler:
                         },
                     )
                 except KubeAPIError as e:
-                    if e.status in (404, 409):
+                    if is_not_found(e) or is_conflict(e):
                         log.info(
                             "fence changed meanwhile, looking again",
                             fence=key,
@@ -822,7 +823,7 @@ class ClaimReconciler:
                 },
             )
         except KubeAPIError as e:
-            if e.status == 404:
+            if is_not_found(e):
                 return None
             raise
         self.inflight.pop(key, None)

@@ -45,7 +45,8 @@ from controller.networkpools.attach import (
 from dradriver.allocator import claim_key
 from dradriver.api import networkpool as net
 from dradriver.api import parameters as params
-from dradriver.k8s.client import KubeAPIError, KubeClient
+from dradriver.k8s.client import KubeClient
+from dradriver.k8s.errors import KubeAPIError
 from dradriver.k8s.objects import Obj
 from dradriver.k8s.paths import RESOURCE_V1, path_for
 from dradriver.log import get_logger

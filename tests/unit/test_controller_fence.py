@@ -16,7 +16,7 @@ from controller.claims.allocation import ALLOCATION_ANNOTATION, FINALIZER
 from controller.claims.reconciler import ClaimReconciler
 from dradriver.allocator import AllocatedState, DeviceID
 from dradriver.api.wellknown import CONFLICT_ANNOTATION
-from dradriver.k8s.client import KubeAPIError
+from dradriver.k8s.errors import KubeAPIError
 from dradriver.k8s.objects import Obj
 from dradriver.runtime import RequeueAfter
 

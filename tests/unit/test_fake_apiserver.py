@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from dradriver.k8s.client import KubeAPIError
+from dradriver.k8s.errors import KubeAPIError
 from tests.fakes.apiserver import FakeAPIServer
 
 SLICES = "/apis/resource.k8s.io/v1/resourceslices"
