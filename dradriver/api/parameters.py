@@ -36,7 +36,6 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
@@ -46,6 +45,7 @@ from dradriver import DEFAULT_DRIVER_NAME
 from dradriver.api.crdgen import CRDKind
 from dradriver.api.opaqueconfig import API_VERSION, ConfigError, DeviceConfig, parse_parameters
 from dradriver.devices.config import format_location
+from dradriver.k8s.objects import now_rfc3339 as now_rfc3339  # re-exported: params.now_rfc3339
 
 VERSION = API_VERSION  # v1alpha1, shared with the DeviceConfig opaque parameters
 KIND = "DeviceClaimParameters"
@@ -259,10 +259,6 @@ def spec_of(obj: dict[str, Any]) -> DeviceClaimParametersSpec:
         return parse_spec(obj.get("spec"))
     except ParametersError as e:
         raise ParametersError(f"{KIND} {name}: {e}") from e
-
-
-def now_rfc3339() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def set_condition(

@@ -24,7 +24,8 @@ from controller.claims.allocation import (
     should_yield,
     with_timestamp,
 )
-from controller.claims.reconciler import NotLeader, ParametersReconciler, parameters_used_by
+from controller.leadership import NotLeader
+from controller.parameters import ParametersReconciler, parameters_used_by
 from dradriver.allocator import AllocatedState, Allocator, Inventory
 from dradriver.api import parameters as params
 from dradriver.api.opaqueconfig import effective_configs

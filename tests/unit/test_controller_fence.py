@@ -17,7 +17,7 @@ from controller.claims.reconciler import ClaimReconciler
 from dradriver.allocator import AllocatedState, DeviceID
 from dradriver.api.wellknown import CONFLICT_ANNOTATION
 from dradriver.k8s.errors import KubeAPIError
-from dradriver.k8s.objects import Obj
+from dradriver.k8s.objects import Obj, revision
 from dradriver.runtime import RequeueAfter
 
 D: DeviceID = ("gpu.example.com", "node-1", "dev-0")
@@ -348,7 +348,7 @@ class Rig:
 
 def test_conflict_holds_our_claim_and_the_device_is_fenced_when_the_other_goes() -> None:
     rig = Rig()
-    rig.rec.removal_quiet = 0  # no scheduler to wait for in this test
+    rig.rec.scheduler.removal_quiet = 0  # no scheduler to wait for in this test
     mine = claim("a", D, ours=True)
     mine["metadata"]["annotations"] = {ALLOCATION_ANNOTATION: "Immediate"}
     ours = rig.store(mine)
@@ -357,7 +357,7 @@ def test_conflict_holds_our_claim_and_the_device_is_fenced_when_the_other_goes()
 
     # Held, not cleared: clearing while ns/b holds D would make the scheduler forget D.
     with pytest.raises(RequeueAfter):
-        asyncio.run(rig.rec._check_conflicts("ns/a", ours, ours["status"]["allocation"]))
+        asyncio.run(rig.rec.conflicts.check("ns/a", ours, ours["status"]["allocation"]))
     assert [(what, key) for what, key, _ in rig.api.writes] == [("patch", "ns/a")]
     held = rig.api.objs["ns/a"]
     assert "ns/b" in held["metadata"]["annotations"][CONFLICT_ANNOTATION]
@@ -391,7 +391,7 @@ def test_conflict_holds_our_claim_and_the_device_is_fenced_when_the_other_goes()
 
 def test_a_held_claim_waits_for_a_quiet_scheduler() -> None:
     rig = Rig()
-    rig.rec.removal_quiet = 60.0
+    rig.rec.scheduler.removal_quiet = 60.0
     rig.store(claim("b", D))
     rig.api.drop("ns/b")
     rig.sync("ns/b")  # a removal just now
@@ -421,7 +421,7 @@ def test_our_claim_with_only_a_fence_on_its_device_keeps_it() -> None:
     rig.store(stored_fence(0))
     rig.store(claim("a", D, ours=True))
     before = len(rig.api.writes)
-    asyncio.run(rig.rec._check_conflicts("ns/a", rig.claims.cache["ns/a"], allocation(D)))
+    asyncio.run(rig.rec.conflicts.check("ns/a", rig.claims.cache["ns/a"], allocation(D)))
     assert len(rig.api.writes) == before and rig.rec.stats.yielded == 0
 
 
@@ -438,7 +438,7 @@ def test_a_removal_after_the_fence_pulses_it() -> None:
     asyncio.run(rig.rec(fk))
     assert [w[0] for w in rig.api.writes[-2:]] == ["clear", "allocate"]
     now = rig.fence()
-    assert now is not None and fence.rv(now) > fence.rv(fenced)
+    assert now is not None and revision(now) > revision(fenced)
     rig.sync(fk)
     before = len(rig.api.writes)
     asyncio.run(rig.rec(fk))  # level-based: done
@@ -487,12 +487,12 @@ def test_a_claim_named_like_a_fence_but_unlabelled_is_left_alone() -> None:
 def test_out_of_scope_holders_are_left_to_their_controller() -> None:
     """With --allocation-namespace, only fences guarding claims there are managed."""
     rig = Rig()
-    rig.rec.namespaces = frozenset({"elsewhere"})
+    rig.rec.namespaces = rig.rec.fencing.namespaces = frozenset({"elsewhere"})
     ours = rig.store(claim("a", D, ours=True))
     rig.store(claim("b", D))
     before = len(rig.api.writes)
     with pytest.raises(RequeueAfter):
-        asyncio.run(rig.rec._check_conflicts("ns/a", ours, ours["status"]["allocation"]))
+        asyncio.run(rig.rec.conflicts.check("ns/a", ours, ours["status"]["allocation"]))
     assert [w[0] for w in rig.api.writes[before:]] == ["patch"]  # held; no fence for ns/b
     rig.sync("ns/a")
     rig.api.drop("ns/b")
