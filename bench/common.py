@@ -39,7 +39,7 @@ from devtools.cluster.api import AdminAPI
 from devtools.cluster.binaries import cache_root
 from devtools.cluster.process import ManagedProcess, ProcessDied, log_tail
 from devtools.cluster.wait import wait_until
-from dradriver.k8s.client import KubeAPIError
+from dradriver.k8s.errors import KubeAPIError
 from dradriver.k8s.objects import Obj
 from dradriver.k8s.paths import RESOURCE_V1, path_for
 from dradriver.kubeletapi.gen import (

@@ -23,7 +23,8 @@ from dradriver.host.containeredits import ContainerEdits
 from dradriver.host.hooks import Hook, HookError, run_hook
 from dradriver.host.ledger import ClaimDevice, DeviceBusy, DeviceKey, Ledger, LedgerError
 from dradriver.host.ledgercommits import GroupCommitter
-from dradriver.k8s.client import KubeAPIError, KubeClient
+from dradriver.k8s.client import KubeClient
+from dradriver.k8s.errors import KubeAPIError
 from dradriver.k8s.objects import Obj
 from dradriver.k8s.paths import RESOURCE_V1, path_for
 from dradriver.log import get_logger

@@ -26,15 +26,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from controller.claims.allocation import (
-    allocated_node,
-    allocation_of,
-    finalizers,
-    meta,
-    reserved_for,
-)
+from controller.claims.allocation import allocated_node, allocation_of, reserved_for
 from controller.claims.fences import is_fence
-from controller.claims.reconciler import EventRecorder
 from controller.networkpools.attach import (
     AttachBackend,
     AttachError,
@@ -45,8 +38,10 @@ from controller.networkpools.attach import (
 from dradriver.allocator import claim_key
 from dradriver.api import networkpool as net
 from dradriver.api import parameters as params
-from dradriver.k8s.client import KubeAPIError, KubeClient
-from dradriver.k8s.objects import Obj
+from dradriver.k8s.client import KubeClient
+from dradriver.k8s.errors import KubeAPIError
+from dradriver.k8s.events import EventRecorder
+from dradriver.k8s.objects import Obj, finalizers, meta
 from dradriver.k8s.paths import RESOURCE_V1, path_for
 from dradriver.log import get_logger
 from dradriver.resourceslice.builder import slices_equal

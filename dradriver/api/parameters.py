@@ -39,7 +39,6 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
@@ -50,6 +49,7 @@ from dradriver.api import group
 from dradriver.api.crdgen import CRDKind
 from dradriver.api.deviceconfig import DeviceConfig, DeviceConfigError, parse_device_config
 from dradriver.errors import FieldError, FieldErrors, from_validation_error, under
+from dradriver.k8s.objects import now_rfc3339 as now_rfc3339  # re-exported: params.now_rfc3339
 
 VERSION = group.VERSION  # shared with the DeviceConfig opaque parameters
 KIND = group.PARAMETERS_KIND
@@ -261,10 +261,6 @@ def spec_of(obj: dict[str, Any]) -> DeviceClaimParametersSpec:
         return parse_spec(obj.get("spec"))
     except ParametersError as e:
         raise ParametersError(*e.field_errors, subject=f"{KIND} {name}") from e
-
-
-def now_rfc3339() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def set_condition(

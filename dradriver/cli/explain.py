@@ -11,7 +11,8 @@ from __future__ import annotations
 import re
 
 from dradriver.allocator import AllocatedState, Allocator, SliceInventory, explain, format_table
-from dradriver.k8s.client import KubeAPIError, KubeClient, load_connection
+from dradriver.k8s.client import KubeClient, load_connection
+from dradriver.k8s.errors import KubeAPIError
 from dradriver.k8s.objects import Obj
 from dradriver.k8s.paths import RESOURCE_V1, path_for
 

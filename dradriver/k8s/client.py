@@ -19,22 +19,12 @@ from typing import Any, Self
 
 import httpx
 
+from dradriver.k8s.errors import KubeAPIError
 from dradriver.k8s.objects import Obj
 from dradriver.log import get_logger
 
 log = get_logger("kube")
 SA_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
-
-
-class KubeAPIError(RuntimeError):
-    """A request the apiserver refused; ``status`` is the HTTP code."""
-
-    def __init__(self, method: str, path: str, status: int, body: Obj) -> None:
-        self.status = status
-        self.reason = str(body.get("reason", ""))
-        self.body = body
-        message = body.get("message") or body
-        super().__init__(f"{method} {path}: {status} {self.reason}: {message}")
 
 
 @dataclass(frozen=True)

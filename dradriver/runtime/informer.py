@@ -25,7 +25,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from dradriver.k8s.client import KubeAPIError
+from dradriver.k8s.errors import KubeAPIError, is_gone
 from dradriver.k8s.objects import Obj
 from dradriver.log import get_logger
 from dradriver.runtime.metrics import RuntimeMetrics
@@ -270,7 +270,7 @@ class Informer:
         try:
             items, rv = await self._list_all()
         except KubeAPIError as e:
-            if e.status == 410:  # the continue token expired between pages
+            if is_gone(e):  # the continue token expired between pages
                 raise Expired(str(e)) from e
             raise
         new = {self.key_func(obj): obj for obj in items}
@@ -342,7 +342,7 @@ class Informer:
                 if aclose is not None:
                     await aclose()
         except KubeAPIError as e:
-            if e.status == 410:
+            if is_gone(e):
                 raise Expired(str(e)) from e
             raise
 

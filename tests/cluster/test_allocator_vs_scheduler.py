@@ -24,7 +24,7 @@ from devtools.cluster.api import AdminAPI
 from devtools.cluster.local import LocalCluster
 from devtools.cluster.wait import wait_until
 from dradriver.allocator import AllocatedState, Allocator, SliceInventory, explain, summarize
-from dradriver.k8s.client import KubeAPIError
+from dradriver.k8s.errors import KubeAPIError
 from dradriver.k8s.objects import Obj
 from dradriver.k8s.paths import RESOURCE_V1, path_for
 

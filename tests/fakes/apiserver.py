@@ -4,9 +4,10 @@ The cluster tier runs the real apiserver; this fake exists so that the decisions
 reconcilers, the node driver and the slice publisher can be checked in milliseconds,
 and so that faults the real server cannot be made to produce on demand (a 503 on one
 GET, a 409 race) can be injected. It keeps the apiserver rules those decisions rely
-on: one global resourceVersion, optimistic concurrency on ``metadata.resourceVersion``,
-``metadata.generation`` bumped on spec changes, ``/status`` writes touching only
-status, 404 and 409 as :class:`KubeAPIError`.
+on: one global resourceVersion that every write (deletes too) advances, like etcd's
+revision; optimistic concurrency on ``metadata.resourceVersion`` and on a delete's
+``preconditions``; ``metadata.generation`` bumped on spec changes; ``/status`` writes
+touching only status; 404 and 409 as :class:`KubeAPIError`.
 """
 
 from __future__ import annotations
@@ -17,8 +18,17 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
-from dradriver.k8s.client import KubeAPIError
+from dradriver.k8s.errors import KubeAPIError
 from dradriver.k8s.objects import Obj
+
+
+@dataclass(frozen=True)
+class Write:
+    """A write request as it reached the server (failed ones too), with its body."""
+
+    method: str
+    path: str
+    body: Obj | list[Obj] | None
 
 
 @dataclass
@@ -48,9 +58,11 @@ class FakeAPIServer:
     def __init__(self) -> None:
         self.objects: dict[str, Obj] = {}
         self.writes: list[tuple[str, str]] = []  # (method, path)
+        self.history: list[Write] = []  # the same writes, with their bodies
         self.requests: list[tuple[str, str]] = []
         self.faults: list[Fault] = []
         self._rv = itertools.count(1)
+        self._last_rv = 0
         self._uid = itertools.count(1)
         self.write_count = 0
 
@@ -69,9 +81,18 @@ class FakeAPIServer:
         meta = stored.setdefault("metadata", {})
         meta.setdefault("uid", f"uid-{next(self._uid)}")
         meta.setdefault("generation", 1)
-        meta["resourceVersion"] = str(next(self._rv))
+        meta["resourceVersion"] = self._next_rv()
         self.objects[path] = stored
         return copy.deepcopy(stored)
+
+    @property
+    def resource_version(self) -> int:
+        """The newest resourceVersion issued (etcd's current revision)."""
+        return self._last_rv
+
+    def _next_rv(self) -> str:
+        self._last_rv = next(self._rv)
+        return str(self._last_rv)
 
     def stored(self, path: str) -> Obj | None:
         obj = self.objects.get(path)
@@ -108,6 +129,7 @@ class FakeAPIServer:
         if method != "GET":
             self.write_count += 1
             self.writes.append((method, path))
+            self.history.append(Write(method, path, copy.deepcopy(body)))
         if method == "GET":
             return self._get(path, params or {})
         assert body is None or isinstance(body, dict)
@@ -118,7 +140,7 @@ class FakeAPIServer:
         if method == "PATCH":
             return self._update(path, body or {}, merge=True)
         if method == "DELETE":
-            return self._delete(path)
+            return self._delete(path, body or {})
         raise AssertionError(f"unexpected method {method}")
 
     @staticmethod
@@ -151,7 +173,7 @@ class FakeAPIServer:
             ]
         return {
             "kind": "List",
-            "metadata": {"resourceVersion": str(next(self._rv))},
+            "metadata": {"resourceVersion": self._next_rv()},
             "items": items,
         }
 
@@ -165,7 +187,7 @@ class FakeAPIServer:
             raise KubeAPIError("POST", path, 409, {"reason": "AlreadyExists"})
         meta["uid"] = f"uid-{next(self._uid)}"
         meta["generation"] = 1
-        meta["resourceVersion"] = str(next(self._rv))
+        meta["resourceVersion"] = self._next_rv()
         self.objects[target] = obj
         return copy.deepcopy(obj)
 
@@ -193,14 +215,21 @@ class FakeAPIServer:
                     new["metadata"][key] = current["metadata"][key]
             if new.get("spec") != current.get("spec"):
                 new["metadata"]["generation"] = int(current["metadata"].get("generation", 1)) + 1
-        new["metadata"]["resourceVersion"] = str(next(self._rv))
+        new["metadata"]["resourceVersion"] = self._next_rv()
         self.objects[base] = new
         return copy.deepcopy(new)
 
-    def _delete(self, path: str) -> Obj:
-        obj = self.objects.pop(path, None)
+    def _delete(self, path: str, body: Obj) -> Obj:
+        obj = self.objects.get(path)
         if obj is None:
             raise KubeAPIError("DELETE", path, 404, {"reason": "NotFound"})
+        preconditions = body.get("preconditions") or {}
+        for field in ("resourceVersion", "uid"):
+            want = preconditions.get(field)
+            if want is not None and str(want) != obj["metadata"].get(field):
+                raise KubeAPIError("DELETE", path, 409, {"reason": "Conflict"})
+        del self.objects[path]
+        self._next_rv()
         return {"kind": "Status", "status": "Success"}
 
     async def get(self, path: str, **params: Any) -> Obj:

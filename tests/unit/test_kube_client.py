@@ -18,7 +18,8 @@ from typing import Any
 
 import pytest
 
-from dradriver.k8s.client import Connection, KubeAPIError, KubeClient, SyncKubeClient
+from dradriver.k8s.client import Connection, KubeClient, SyncKubeClient
+from dradriver.k8s.errors import KubeAPIError
 from dradriver.k8s.objects import Obj
 
 
