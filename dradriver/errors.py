@@ -51,7 +51,8 @@ Other bad values::
     ├── cel.ast: DecodeError                         a serialized expression this reader cannot read
     ├── host.ledger: LedgerValueError                (also a LedgerError, below)
     └── host.cdi: CDIValueError                      (also a CDIError, below)
-        └── host.cdi: InvalidCDINameError
+        ├── host.cdi: InvalidCDINameError
+        └── host.cdi: HostDeviceNodeError            a device node the runtime would refuse
 
 Node state, devices and the kubelet::
 
@@ -69,7 +70,8 @@ Node state, devices and the kubelet::
     └── allocator.core: AllocationError              claims the allocator cannot take
 
     RuntimeError
-    ├── k8s.client: KubeAPIError                     an apiserver answer that is not 2xx
+    ├── k8s.errors: KubeAPIError                     an apiserver answer that is not 2xx
+    ├── devices.static: MockDeviceError              mock device nodes cannot be made
     ├── runtime.informer: WatchError                 a watch stream that broke
     ├── resourceslice.publisher: DroppedFieldsError  the apiserver dropped fields of a slice
     ├── host.hooks: HookError                        a setup or teardown hook that failed

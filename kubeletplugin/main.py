@@ -14,6 +14,7 @@ from pathlib import Path
 from dradriver import DEFAULT_DRIVER_NAME
 from dradriver.devices.config import DriverConfig, DriverConfigError, load_config
 from dradriver.devices.sources import build_sources, discover_all
+from dradriver.devices.static import MockDeviceError
 from dradriver.host.cdi import CDIRegistry
 from dradriver.host.hooks import Hook
 from dradriver.host.ledger import Ledger, LedgerError
@@ -286,7 +287,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     configure(args.log_level)
     try:
         return asyncio.run(_main(args))
-    except (DriverConfigError, DevicePluginSetupError, LedgerError, UsageError) as e:
+    except (
+        DriverConfigError,
+        DevicePluginSetupError,
+        LedgerError,
+        MockDeviceError,
+        UsageError,
+    ) as e:
         print(f"dradriver-kubeletplugin: error: {e}", file=sys.stderr)
         return 1
 

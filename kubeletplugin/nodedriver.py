@@ -18,7 +18,7 @@ from dradriver.api import networkpool as net
 from dradriver.api import pinnedparameters as pins
 from dradriver.api.opaqueconfig import DeviceConfigError, EffectiveConfig, effective_configs
 from dradriver.api.wellknown import CONFLICT_ANNOTATION
-from dradriver.host.cdi import CDIDevice, CDIRegistry
+from dradriver.host.cdi import CDIDevice, CDIRegistry, check_host_device_nodes
 from dradriver.host.containeredits import ContainerEdits
 from dradriver.host.hooks import Hook, HookError, run_hook
 from dradriver.host.ledger import ClaimDevice, DeviceBusy, DeviceKey, Ledger, LedgerError
@@ -308,7 +308,10 @@ class NodeDriver:
             if self.setup is not None:
                 for p in planned:
                     await run_hook(self.setup, self._hook_env(claim, p))
-            ids = self.cdi.write_claim(claim.uid, self._cdi_devices(claim, planned))
+            cdi_devices = self._cdi_devices(claim, planned)
+            # After the setup hooks (they may create nodes); a ValueError, so rolled back.
+            check_host_device_nodes(cdi_devices)
+            ids = self.cdi.write_claim(claim.uid, cdi_devices)
             recorded = {DeviceKey(p.pool, p.device, p.share_id): [ids[p.cdi_name]] for p in planned}
             await self._commits.run(lambda: self.ledger.complete_prepare(claim.uid, recorded))
         except (HookError, OSError, ValueError) as e:

@@ -180,7 +180,7 @@ class StaticDeviceEntry(DeviceProperties):
 
 
 class StaticSourceConfig(BaseModel):
-    """Devices declared in configuration; with ``mockDir``, each gets a mock device file."""
+    """Devices declared in configuration; with ``mockDir``, each gets a mock device node."""
 
     model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
 
@@ -503,7 +503,7 @@ class DriverConfig(BaseModel):
     def with_mock_dir(self, mock_dir: str) -> DriverConfig:
         """This configuration with every static source that has a ``mockDir`` using ``mock_dir``.
 
-        For tests and the demo, which keep mock device files in their own state directory.
+        For tests and the demo, which keep mock device nodes in their own state directory.
         """
         _absolute_path(mock_dir)
         sources = tuple(

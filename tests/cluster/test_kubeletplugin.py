@@ -24,6 +24,7 @@ from devtools.harness.controller import install_crds, namespaced_controller
 from devtools.harness.nodeplugin import NodePlugin, free_port, node_slices, start_node_plugin
 from dradriver.api import parameters as params
 from dradriver.devices.model import Device
+from dradriver.devices.static import create_mock_device
 from dradriver.host.cdi import CDIDevice, CDIRegistry
 from dradriver.host.containeredits import ContainerEdits
 from dradriver.host.ledger import ClaimDevice, Ledger
@@ -610,7 +611,6 @@ def test_unhealthy_device_is_tainted_and_not_allocated(
     published: NodePlugin, api: AdminAPI, namespace: str
 ) -> None:
     mock = published.workdir / "mock" / "dev-5"
-    content = mock.read_bytes()
 
     def taints_of(device: str) -> list[Obj]:
         for s in node_slices(api, NODE, DRIVER):
@@ -639,8 +639,7 @@ def test_unhealthy_device_is_tainted_and_not_allocated(
 
         wait_until("the scheduler to refuse the tainted device", unschedulable, DEADLINE)
     finally:
-        mock.write_bytes(content)
-        mock.chmod(0o600)
+        create_mock_device(str(mock))  # a device node again: the claim's prepare checks it
     wait_until("dev-5 untainted", lambda: not taints_of("dev-5"), DEADLINE)
     wait_running(api, namespace, "p")
 

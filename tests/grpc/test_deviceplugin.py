@@ -21,6 +21,7 @@ from prometheus_client import generate_latest
 
 from dradriver.devices.config import parse_config
 from dradriver.devices.sources import build_sources, discover_all
+from dradriver.devices.static import create_mock_device
 from dradriver.host.cdi import CDIDevice, CDIRegistry
 from dradriver.host.containeredits import ContainerEdits
 from dradriver.host.ledger import ClaimDevice, DeviceBusy, Ledger
@@ -187,7 +188,7 @@ class Env:
     def set_health(self, device: str, healthy: bool) -> None:
         mock = self.root / "mock" / device
         if healthy:
-            mock.write_text(f"{device}\n")
+            create_mock_device(str(mock))
         else:
             mock.unlink()
         self.inventory.refresh()

@@ -48,8 +48,14 @@ from tests.fakes.claims import (
     with_pins,
 )
 
+# Host path /dev/null: prepare refuses device nodes that are not real device nodes.
 DEVICES = [
-    Device(name=f"dev-{i}", edits=ContainerEdits(device_nodes=(DeviceNode(path=f"/dev/mock{i}"),)))
+    Device(
+        name=f"dev-{i}",
+        edits=ContainerEdits(
+            device_nodes=(DeviceNode(path=f"/dev/mock{i}", host_path="/dev/null"),)
+        ),
+    )
     for i in range(3)
 ]
 RESOURCE = "dradriver.dev/mock"
