@@ -9,6 +9,7 @@ the node-scoped admission policy applies.
 
 from __future__ import annotations
 
+import json
 import socket
 import subprocess
 import sys
@@ -29,7 +30,10 @@ from dradriver.k8s.paths import RESOURCE_V1
 NAMESPACE = "dradriver"
 SERVICE_ACCOUNT = "dradriver-kubeletplugin"
 MANIFESTS = paths.MANIFESTS
-PLUGIN_MANIFESTS = ("rbac.yaml", "slice-node-policy.yaml", "deviceclass.yaml")
+PLUGIN_MANIFESTS = ("rbac.yaml", "deviceclass.yaml")
+# The admission policies that confine the plugin to its node, pool and driver.
+PLUGIN_POLICIES = ("slice-node-policy.yaml",)
+POLICY_DRIVERS_VARIABLE = "drivers"
 
 # kind -> (apiVersion path segment, plural, namespaced)
 _KINDS = {
@@ -80,16 +84,62 @@ def apply_file(api: AdminAPI, path: Path) -> None:
             apply(api, doc)
 
 
+def install_plugin_policies(api: AdminAPI, driver: str) -> None:
+    """Install the plugin's admission policies, allowing ``driver`` besides those already allowed.
+
+    The manifests name one driver; tests run plugins of several drivers under the one service
+    account at the same time, so the installed list is the union of all of them. The list is a
+    CEL list literal of strings, which is JSON as well.
+    """
+    for name in PLUGIN_POLICIES:
+        for doc in yaml.safe_load_all((MANIFESTS / "kubeletplugin" / name).read_text()):
+            if not doc:
+                continue
+            if doc["kind"] == "ValidatingAdmissionPolicy":
+                variable = _drivers_variable(doc)
+                drivers = set(json.loads(variable["expression"])) | {driver}
+                installed = api.get_or_none(
+                    path_for(
+                        "admissionregistration.k8s.io/v1",
+                        "validatingadmissionpolicies",
+                        name=doc["metadata"]["name"],
+                    )
+                )
+                if installed is not None:
+                    drivers |= _installed_drivers(installed)
+                variable["expression"] = json.dumps(sorted(drivers))
+            apply(api, doc)
+
+
+def _drivers_variable(policy: dict[str, Any]) -> dict[str, Any]:
+    variables: list[dict[str, Any]] = policy["spec"].get("variables", [])
+    for variable in variables:
+        if variable["name"] == POLICY_DRIVERS_VARIABLE:
+            return variable
+    raise ValueError(f"policy {policy['metadata']['name']} has no variable 'drivers'")
+
+
+def _installed_drivers(policy: dict[str, Any]) -> set[str]:
+    """The drivers an installed policy allows; none if it predates the variable."""
+    try:
+        return set(json.loads(_drivers_variable(policy)["expression"]))
+    except ValueError:
+        return set()
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
 
 
-def plugin_identity(api: AdminAPI, cluster: LocalCluster, node: str, workdir: Path) -> Path:
-    """A kubeconfig for the plugin's service account, bound to a pod on ``node``."""
+def plugin_identity(
+    api: AdminAPI, cluster: LocalCluster, node: str, workdir: Path, driver: str = "dradriver.dev"
+) -> Path:
+    """A kubeconfig for the plugin's service account of ``driver``, bound to a pod on ``node``."""
     for name in PLUGIN_MANIFESTS:
         apply_file(api, MANIFESTS / "kubeletplugin" / name)
+    install_plugin_policies(api, driver)
     wait_until(
         "plugin ServiceAccount",
         lambda: api.get_or_none(path_for("v1", "serviceaccounts", NAMESPACE, SERVICE_ACCOUNT)),
@@ -235,7 +285,7 @@ def start_node_plugin(
     layouts = {n.name: n for n in cluster.layout.all_nodes()}
     if node not in layouts:
         raise ValueError(f"the local cluster has no node {node!r} (nodes: {sorted(layouts)})")
-    kubeconfig = plugin_identity(api, cluster, node, workdir)
+    kubeconfig = plugin_identity(api, cluster, node, workdir, driver)
     plugin = NodePlugin(
         node=node,
         driver=driver,
@@ -269,4 +319,13 @@ def wait_for_slices(
     return wait_until(f"{devices} devices published for {node}", published, timeout)
 
 
-__all__ = ["APIError", "NodePlugin", "apply", "apply_file", "start_node_plugin", "wait_for_slices"]
+__all__ = [
+    "APIError",
+    "NodePlugin",
+    "apply",
+    "apply_file",
+    "install_plugin_policies",
+    "plugin_identity",
+    "start_node_plugin",
+    "wait_for_slices",
+]
