@@ -32,7 +32,7 @@ SERVICE_ACCOUNT = "dradriver-kubeletplugin"
 MANIFESTS = paths.MANIFESTS
 PLUGIN_MANIFESTS = ("rbac.yaml", "deviceclass.yaml")
 # The admission policies that confine the plugin to its node, pool and driver.
-PLUGIN_POLICIES = ("slice-node-policy.yaml",)
+PLUGIN_POLICIES = ("slice-node-policy.yaml", "claim-status-policy.yaml")
 POLICY_DRIVERS_VARIABLE = "drivers"
 
 # kind -> (apiVersion path segment, plural, namespaced)
