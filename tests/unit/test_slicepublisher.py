@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import pytest
-
-from dradriver.resourceslice.publisher import DroppedFieldsError, SlicePublisher, dropped_fields
+from dradriver.resourceslice.publisher import dropped_fields, dropped_report
 
 
 def test_dropped_fields_are_listed_by_path() -> None:
@@ -15,7 +13,7 @@ def test_dropped_fields_are_listed_by_path() -> None:
 
 
 def test_dropped_gated_field_names_the_feature_gate() -> None:
-    publisher = SlicePublisher.__new__(SlicePublisher)
-    sent = {"metadata": {"name": "s"}, "spec": {"devices": [{"name": "a", "consumesCounters": []}]}}
-    with pytest.raises(DroppedFieldsError, match="DRAPartitionableDevices"):
-        publisher._check_dropped(sent, {"spec": {"devices": [{"name": "a"}]}})
+    sent = {"devices": [{"name": "a", "consumesCounters": []}]}
+    report = dropped_report("s", sent, {"devices": [{"name": "a"}]})
+    assert report is not None and "DRAPartitionableDevices" in report
+    assert dropped_report("s", sent, sent) is None
