@@ -240,3 +240,18 @@ def test_deleting_a_pool_waits_for_its_devices_to_be_detached() -> None:
     # The pool is no longer desired: its slices go (not only later by the garbage collector).
     world.reconcile()
     assert world.slice_objects() == {}
+
+
+def test_a_spec_change_republishes_every_slice_at_the_pools_generation() -> None:
+    # The pool generation follows the object's: every slice must carry the new one, or
+    # the scheduler would take the slices left at the old one for outdated.
+    world = World()
+    devices: list[Obj] = [{"name": f"nic-{i:03d}"} for i in range(100)]
+    world.create_pool({"attach": simulated(), "devices": devices})
+    world.reconcile()
+    mark = len(world.api.writes)
+    devices[0] = {"name": "nic-000", "attributes": {"speed": {"int": 400}}}
+    asyncio.run(world.api.merge_patch(POOL_PATH, {"spec": {"devices": devices}}))
+    world.reconcile()
+    assert sorted(m for m, _ in world.slice_writes(mark)) == ["PUT", "PUT"]
+    assert {s["spec"]["pool"]["generation"] for s in world.slice_objects().values()} == {2}

@@ -317,12 +317,18 @@ def test_an_apiserver_error_is_retried_not_taken_for_success(
         assert any("changed" in str(k) for k in devices["d-000"]["attributes"])
 
 
-def test_a_node_pool_without_a_node_object_has_no_owner_reference() -> None:
+def test_a_node_pool_is_owned_by_its_node_once_there_is_one() -> None:
     world = World(FLAVOURS[0])
-    del world.api.objects[path_for("v1", "nodes", name=NODE)]
+    node = world.api.objects.pop(path_for("v1", "nodes", name=NODE))
     world.publish(1)
     [only] = world.slices().values()
     assert "ownerReferences" not in only["metadata"]
+    world.api.put(path_for("v1", "nodes", name=NODE), node)
+    mark = len(world.api.writes)
+    world.publish(1)
+    assert [m for m, _ in world.writes_since(mark)] == ["PUT"]
+    [only] = world.slices().values()
+    assert only["metadata"]["ownerReferences"][0]["uid"] == "node-uid"
 
 
 def test_a_publisher_takes_only_pools_of_its_scope() -> None:
