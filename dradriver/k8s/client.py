@@ -153,7 +153,11 @@ class _Codec:
             extra["Accept"] = accept
         if method != "GET":
             self.write_count += 1
-        return self._headers(extra), json.dumps(body) if body is not None else None
+        # Compact, as kubectl and client-go send it: the apiserver keeps a RawExtension
+        # (opaque device config) as the bytes it was given, and a later merge patch that
+        # re-encodes the object compactly then counts as a change of an immutable spec.
+        content = json.dumps(body, separators=(",", ":")) if body is not None else None
+        return self._headers(extra), content
 
     @staticmethod
     def _decode(method: str, path: str, resp: httpx.Response, started: float) -> Obj:
