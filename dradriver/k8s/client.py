@@ -20,6 +20,7 @@ from typing import Any, Self
 import httpx
 
 from dradriver.k8s.errors import KubeAPIError
+from dradriver.k8s.jsondecode import decode_list, decode_watch_event
 from dradriver.k8s.objects import Obj
 from dradriver.log import get_logger
 
@@ -156,8 +157,16 @@ class _Codec:
         return self._headers(extra), json.dumps(body) if body is not None else None
 
     @staticmethod
-    def _decode(method: str, path: str, resp: httpx.Response, started: float) -> Obj:
-        """The JSON body of a response, or :class:`KubeAPIError` for a refusal."""
+    def _decode(
+        method: str,
+        path: str,
+        resp: httpx.Response,
+        started: float,
+        decode: Callable[[bytes], Obj] | None = None,
+    ) -> Obj:
+        """The JSON body of a response, or :class:`KubeAPIError` for a refusal. With
+        ``decode``, a 2xx body that it cannot decode raises (``ValueError``) instead of
+        coming back as ``{"message": <text>}``."""
         log.debug(
             "api request",
             method=method,
@@ -166,8 +175,10 @@ class _Codec:
             ms=round((time.monotonic() - started) * 1000, 1),
         )
         try:
-            data: Obj = resp.json()
+            data: Obj = resp.json() if decode is None else decode(resp.content)
         except ValueError:
+            if decode is not None and resp.status_code < 300:
+                raise
             data = {"message": resp.text}
         if resp.status_code >= 300:
             raise KubeAPIError(method, path, resp.status_code, data)
@@ -192,13 +203,14 @@ class KubeClient(_Codec):
         params: dict[str, Any] | None = None,
         content_type: str = JSON,
         accept: str | None = None,
+        decode: Callable[[bytes], Obj] | None = None,
     ) -> Obj:
         headers, content = self._encode(method, body, content_type, accept)
         started = time.monotonic()
         resp = await self._http.request(
             method, path, content=content, params=params, headers=headers
         )
-        return self._decode(method, path, resp, started)
+        return self._decode(method, path, resp, started, decode)
 
     async def get(self, path: str, **params: Any) -> Obj:
         return await self.request("GET", path, params=params or None)
@@ -212,7 +224,8 @@ class KubeClient(_Codec):
             raise
 
     async def list(self, path: str, **params: Any) -> Obj:
-        return await self.get(path, **params)
+        """A collection; an item nested too deep for Python is a ``TooDeepObject``."""
+        return await self.request("GET", path, params=params or None, decode=decode_list)
 
     async def create(self, path: str, body: Obj) -> Obj:
         return await self.request("POST", path, body)
@@ -250,8 +263,8 @@ class KubeClient(_Codec):
                 raise KubeAPIError("WATCH", path, resp.status_code, body)
             async for line in resp.aiter_lines():
                 if line.strip():
-                    event: Obj = json.loads(line)
-                    yield event
+                    # An object nested too deep is a TooDeepObject, so the stream goes on.
+                    yield decode_watch_event(line)
 
 
 class SyncKubeClient(_Codec):
