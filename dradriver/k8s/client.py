@@ -261,10 +261,22 @@ class KubeClient(_Codec):
             if resp.status_code >= 300:
                 body = json.loads(await resp.aread() or b"{}")
                 raise KubeAPIError("WATCH", path, resp.status_code, body)
-            async for line in resp.aiter_lines():
-                if line.strip():
-                    # An object nested too deep is a TooDeepObject, so the stream goes on.
-                    yield decode_watch_event(line)
+            # One event per "\n"-terminated line. Not aiter_lines(): it also splits at
+            # U+0085, U+2028 and the other str.splitlines() breaks, and the apiserver sends
+            # U+0085 unescaped inside strings, which would cut an event in two.
+            pending: list[bytes] = []
+            async for chunk in resp.aiter_bytes():
+                *complete, rest = chunk.split(b"\n")
+                for piece in complete:
+                    line, pending = b"".join([*pending, piece]), []
+                    if line.strip():
+                        # An object nested too deep is a TooDeepObject: the stream goes on.
+                        yield decode_watch_event(line)
+                if rest:
+                    pending.append(rest)
+            line = b"".join(pending)
+            if line.strip():
+                yield decode_watch_event(line)
 
 
 class SyncKubeClient(_Codec):

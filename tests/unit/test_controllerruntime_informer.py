@@ -568,3 +568,33 @@ def test_malformed_events_are_skipped_and_the_watch_goes_on() -> None:
         assert other == 1
 
     run(scenario())
+
+
+def test_an_event_is_one_newline_terminated_line_whatever_unicode_breaks_it_holds() -> None:
+    """The apiserver sends U+0085 (and, from other encoders, U+2028) unescaped inside
+    strings; an event must not be cut there, or it is never decodable and the watch
+    retries it forever."""
+
+    async def scenario() -> None:
+        server = ScriptedHTTPAPIServer()
+        await server.start()
+        server.lists = [list_json([], 10)]
+        odd = cm("odd", 11)
+        odd["metadata"]["annotations"] = {"note": "a\x85b\u2028c\u2029d\x0be\x1cf\rg"}
+        odd_line = json.dumps(ev("ADDED", odd), ensure_ascii=False).encode()
+        server.watches = [[odd_line, json.dumps(ev("ADDED", cm("b", 12))).encode()]]
+        client = server.client()
+        informer = informer_for(cast(FakeClient, client))
+        rec = CopyingRecorder(informer, ("add", "b", "12"))
+        try:
+            informer.start()
+            await asyncio.wait_for(rec.done.wait(), DEADLINE)
+        finally:
+            await informer.stop()
+            await client.aclose()
+            await server.stop()
+        assert rec.events == [("add", "odd", "11"), ("add", "b", "12")]
+        assert informer.get("ns/odd") == odd
+        assert informer.errors == 0
+
+    run(scenario())
