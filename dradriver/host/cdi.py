@@ -253,7 +253,7 @@ def _edits_from_cdi(obj: Any, path: Path, where: str) -> ContainerEdits:
     unknown = set(obj) - _EDIT_KEYS
     if unknown:
         raise CDISpecError(
-            path, f"{where} has fields dradriver does not write: {', '.join(sorted(unknown))}"
+            path, f"{where} has fields dradriver does not write: {', '.join(sorted(map(str, unknown)))}"
         )
     env: dict[str, str] = {}
     raw_env = obj.get("env", [])
@@ -495,6 +495,8 @@ class CDIRegistry:
             obj = yaml.safe_load(raw) if path.suffix == ".yaml" else json.loads(raw)
         except (ValueError, yaml.YAMLError) as err:
             raise CDISpecError(path, f"not valid {path.suffix[1:].upper()}: {err}") from err
+        except RecursionError as err:
+            raise CDISpecError(path, "nested too deeply to be a CDI spec") from err
         if not isinstance(obj, dict):
             raise CDISpecError(path, "top level is not an object")
         return obj
@@ -503,7 +505,7 @@ class CDIRegistry:
         """Check a spec of our kind as strictly as the runtime would, naming what is wrong."""
         unknown = set(raw) - _SPEC_KEYS
         if unknown:
-            raise CDISpecError(path, f"unknown fields: {', '.join(sorted(unknown))}")
+            raise CDISpecError(path, f"unknown fields: {', '.join(sorted(map(str, unknown)))}")
         version = raw.get("cdiVersion")
         if not isinstance(version, str) or version not in KNOWN_CDI_VERSIONS:
             raise CDISpecError(path, f"missing or unknown cdiVersion {version!r}")
@@ -523,7 +525,7 @@ class CDIRegistry:
             unknown = set(device) - _DEVICE_KEYS
             if unknown:
                 raise CDISpecError(
-                    path, f"{where} has unknown fields: {', '.join(sorted(unknown))}"
+                    path, f"{where} has unknown fields: {', '.join(sorted(map(str, unknown)))}"
                 )
             name = device.get("name")
             if not isinstance(name, str) or not _DEVICE_NAME_RE.fullmatch(name):

@@ -202,13 +202,6 @@ def test_another_vendors_file_never_breaks_our_devices(content: bytes, suffix: s
 # ----- what the reader does not survive today ---------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=RecursionError,
-    reason="CDI reader (dradriver/host/cdi.py, not fixed yet): a spec file nested about 1,000 "
-    "levels deep (JSON or YAML) raises RecursionError instead of CDISpecError, and "
-    "another vendor's such file breaks resolve() of every device",
-)
 @settings(KNOWN_BUG, derandomize=True, max_examples=10, deadline=None)
 @given(
     depth=st.sampled_from([1_000, 3_000]),
@@ -231,13 +224,6 @@ def test_a_deeply_nested_spec_file_is_refused_or_skipped(
     in_registry(test)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=TypeError,
-    reason="CDI reader (dradriver/host/cdi.py, not fixed yet): a YAML spec of our kind with a "
-    "key that is not a string raises TypeError (sorting the unknown keys) instead of "
-    "CDISpecError, out of resolve()",
-)
 @settings(KNOWN_BUG, derandomize=True, max_examples=10, deadline=None)
 @given(key=st.integers() | st.booleans() | st.none(), where=st.sampled_from(["spec", "device"]))
 def test_a_yaml_spec_with_a_key_that_is_not_a_string_is_refused(key: Any, where: str) -> None:
