@@ -252,9 +252,8 @@ def _edits_from_cdi(obj: Any, path: Path, where: str) -> ContainerEdits:
         raise CDISpecError(path, f"{where} is not an object")
     unknown = set(obj) - _EDIT_KEYS
     if unknown:
-        raise CDISpecError(
-            path, f"{where} has fields dradriver does not write: {', '.join(sorted(map(str, unknown)))}"
-        )
+        names = ", ".join(sorted(map(str, unknown)))
+        raise CDISpecError(path, f"{where} has fields dradriver does not write: {names}")
     env: dict[str, str] = {}
     raw_env = obj.get("env", [])
     if not isinstance(raw_env, list):
