@@ -1,9 +1,18 @@
 """The node ledger: who holds which device on this node, kept in a checkpoint file.
 
+Invariants (everything below serves these):
+  * every hold is recorded, and on disk (fsynced file and directory, atomic
+    rename), before the device is set up or handed out, so after a crash the
+    plugin knows what it had started;
+  * no two holds conflict (rules below): a device is never handed out twice;
+  * a checkpoint that is missing or cannot be trusted is never read as "nothing
+    is held": :meth:`Ledger.load` keeps a corrupt file aside and reports
+    ``needs_rebuild``, and the caller rebuilds the holds from what survives
+    (CDI specs, the API server, the kubelet's pod-resources) before it serves;
+  * a checkpoint written by a newer dradriver is refused, never rewritten.
+
 DRA claims and device-plugin containers draw from the same devices, and the
-kubelet does not arbitrate between the two APIs. The ledger does: every hold
-is recorded (and on disk) before the device is set up, so a device is never
-handed out twice, and after a crash the plugin knows what it had started.
+kubelet does not arbitrate between the two APIs: this ledger does.
 
 Entries are two-phase (``preparing`` -> ``prepared`` -> ``unpreparing``;
 ``allocating`` -> ``allocated``): an entry left in a first phase means the
@@ -15,8 +24,13 @@ Conflict rules (Kubernetes semantics):
   * non-exclusive shared uses (consumable capacity, ``share_id`` set) coexist;
   * a device-plugin hold is always exclusive.
 
-File format: ``{"version": 1, "checksum": "sha256:<hex>", "data": {...}}`` where
-the checksum covers the canonical JSON of ``data`` (sorted keys, compact).
+File format, the same envelope in every version:
+``{"version": N, "checksum": "sha256:<hex>", "data": {...}}``. From version 2 on
+the checksum covers the version too (the SHA-256 of the canonical JSON of
+``{"version": N, "data": data}``, sorted keys, compact), so a flipped version
+reads as corruption rather than as a file from a newer dradriver; a newer
+version is recognised by that same rule. Version 1 (checksum of ``data``
+alone) is read and migrated (:data:`_MIGRATIONS`); the next write is version 2.
 """
 
 from __future__ import annotations
@@ -27,8 +41,9 @@ import hashlib
 import json
 import os
 import re
+import stat
 import threading
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -41,7 +56,7 @@ from dradriver.log import get_logger
 
 log = get_logger("ledger")
 
-SUPPORTED_VERSION = 1
+SUPPORTED_VERSION = 2
 LEDGER_FILE_MODE = 0o600
 LEDGER_DIR_MODE = 0o700
 
@@ -198,6 +213,11 @@ class ClaimEntry(_Model):
     devices: list[ClaimDevice] = Field(default_factory=list)
     config_digest: str = ""
     updated: IsoTimestamp = Field(default_factory=_now)
+    # Rebuilt from a surviving CDI spec after the checkpoint was lost, before the API
+    # server confirmed the allocation: the devices are what the spec names (a use of
+    # unknown kind counts as exclusive) and config_digest is unknown. The next prepare
+    # or start-up check records what the API server says instead.
+    recovered: bool = False
 
     @model_validator(mode="after")
     def _unique_devices(self) -> ClaimEntry:
@@ -328,7 +348,58 @@ def checksum(data: Any) -> str:
     return "sha256:" + hashlib.sha256(canonical.encode("utf-8")).hexdigest()
 
 
+def envelope_checksum(version: int, data: Any) -> str:
+    """The checksum of a version 2 (or later) file: it covers the version as well."""
+    return checksum({"version": version, "data": data})
+
+
+def _stated_checksum(version: int, data: Any) -> str:
+    return checksum(data) if version == 1 else envelope_checksum(version, data)
+
+
+# Version N -> a function turning version N data into version N+1 data. Version 2
+# changed only the checksum and added ClaimEntry.recovered (default false).
+_MIGRATIONS: dict[int, Callable[[Any], Any]] = {1: lambda data: data}
+
+
+def _read_checkpoint(path: Path) -> bytes | None:
+    """The checkpoint's bytes, or None if there is none.
+
+    Raises LedgerCorruptError for anything at the path that is not a readable
+    regular file: a directory, a FIFO (opened non-blocking, so a FIFO without a
+    writer never stalls the start), a socket, a dangling symlink or a symlink loop.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        if os.path.lexists(path):
+            raise LedgerCorruptError(path, "a symlink to a file that does not exist") from None
+        return None
+    except OSError as err:
+        raise LedgerCorruptError(path, f"cannot be opened: {err.strerror}") from err
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            kind = "a directory" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode) else ""
+            raise LedgerCorruptError(path, f"is {kind or 'not a regular file'}")
+        chunks = []
+        while chunk := os.read(fd, 1 << 20):
+            chunks.append(chunk)
+        return b"".join(chunks)
+    except OSError as err:
+        raise LedgerCorruptError(path, f"cannot be read: {err.strerror}") from err
+    finally:
+        os.close(fd)
+
+
 def _decode(path: Path, raw: bytes) -> LedgerData:
+    try:
+        return _decode_document(path, raw)
+    except RecursionError as err:
+        raise LedgerCorruptError(path, "nested too deeply to be a ledger") from err
+
+
+def _decode_document(path: Path, raw: bytes) -> LedgerData:
     try:
         doc = json.loads(raw)
     except ValueError as err:
@@ -338,9 +409,6 @@ def _decode(path: Path, raw: bytes) -> LedgerData:
     version = doc.get("version")
     if not isinstance(version, int) or isinstance(version, bool) or version < 1:
         raise LedgerCorruptError(path, f"missing or invalid version {version!r}")
-    # Checked before anything else: a newer format may lay out or hash data differently.
-    if version > SUPPORTED_VERSION:
-        raise LedgerVersionError(path, version)
     if set(doc) != {"version", "checksum", "data"}:
         raise LedgerCorruptError(
             path, f"expected keys version, checksum, data; found {', '.join(sorted(doc))}"
@@ -348,21 +416,33 @@ def _decode(path: Path, raw: bytes) -> LedgerData:
     stated = doc["checksum"]
     if not isinstance(stated, str) or not _CHECKSUM_RE.fullmatch(stated):
         raise LedgerCorruptError(path, f"malformed checksum {stated!r}")
-    actual = checksum(doc["data"])
+    actual = _stated_checksum(version, doc["data"])
     if stated != actual:
-        raise LedgerCorruptError(path, f"checksum mismatch: file says {stated}, data is {actual}")
+        newer = " (it claims a newer version, but its checksum says otherwise)"
+        raise LedgerCorruptError(
+            path,
+            f"checksum mismatch: file says {stated}, data is {actual}"
+            + (newer if version > SUPPORTED_VERSION else ""),
+        )
+    # Checked after the checksum: the envelope is the same in every version, so a
+    # genuine newer file passes it and a flipped version number does not.
+    if version > SUPPORTED_VERSION:
+        raise LedgerVersionError(path, version)
+    data = doc["data"]
+    for step in range(version, SUPPORTED_VERSION):
+        data = _MIGRATIONS[step](data)
     try:
-        return LedgerData.model_validate(doc["data"], strict=True)
+        return LedgerData.model_validate(data, strict=True)
     except ValidationError as err:
         raise LedgerCorruptError(path, f"schema violation: {err}") from err
 
 
 def _quarantine(path: Path) -> Path:
-    """Move a corrupt checkpoint aside (never delete it: it is evidence, maybe recoverable)."""
+    """Move a bad checkpoint aside (never delete it: it is evidence, maybe recoverable)."""
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S.%fZ")
     kept = path.with_name(f"{path.name}.corrupt-{stamp}")
     n = 0
-    while kept.exists():
+    while os.path.lexists(kept):
         n += 1
         kept = path.with_name(f"{path.name}.corrupt-{stamp}-{n}")
     os.rename(path, kept)
@@ -374,6 +454,7 @@ def _quarantine(path: Path) -> Path:
 
 
 _Mode = Literal["exclusive", "shared", "admin"]
+_Owner = tuple[str, ...]  # ("claim", uid) or ("plugin", pod uid, container)
 
 
 def _claim_mode(device: ClaimDevice) -> _Mode:
@@ -382,11 +463,109 @@ def _claim_mode(device: ClaimDevice) -> _Mode:
     return "exclusive" if device.exclusive else "shared"
 
 
+@dataclass(frozen=True)
+class _Use:
+    mode: _Mode
+    holder: Holder
+
+
+class _Holds:
+    """Claims and device-plugin holds, indexed by device.
+
+    The index makes a conflict check cost the uses of the devices asked for, not
+    the whole ledger, so a transaction of n changes is O(n), not O(n^2).
+    """
+
+    def __init__(self, data: LedgerData) -> None:
+        self.claims: dict[str, ClaimEntry] = {}
+        self.plugin: dict[tuple[str, str], PluginHold] = {}
+        self.by_device: dict[DeviceRef, dict[_Owner, list[_Use]]] = {}
+        for c in data.claims:
+            self.set_claim(c.uid, c)
+        for h in data.plugin_holds:
+            self.set_hold(h.key, h)
+
+    def snapshot(self) -> LedgerData:
+        return LedgerData(
+            claims=[self.claims[k] for k in sorted(self.claims)],
+            plugin_holds=[self.plugin[k] for k in sorted(self.plugin)],
+        )
+
+    def _unindex(self, owner: _Owner, refs: Iterable[DeviceRef]) -> None:
+        for ref in refs:
+            owners = self.by_device.get(ref)
+            if owners is not None:
+                owners.pop(owner, None)
+                if not owners:
+                    del self.by_device[ref]
+
+    def _index(self, owner: _Owner, ref: DeviceRef, use: _Use) -> None:
+        self.by_device.setdefault(ref, {}).setdefault(owner, []).append(use)
+
+    def set_claim(self, uid: str, entry: ClaimEntry | None) -> ClaimEntry | None:
+        """Replace (or with None remove) the claim's entry; returns the one it had."""
+        owner = ("claim", uid)
+        old = self.claims.pop(uid, None)
+        if old is not None:
+            self._unindex(owner, (d.ref for d in old.devices))
+        if entry is not None:
+            self.claims[uid] = entry
+            for d in entry.devices:
+                holder = ClaimHolder(
+                    uid=entry.uid,
+                    namespace=entry.namespace,
+                    name=entry.name,
+                    state=entry.state,
+                    request_names=tuple(d.request_names),
+                    share_id=d.share_id,
+                    admin_access=d.admin_access,
+                    exclusive=d.exclusive,
+                )
+                self._index(owner, d.ref, _Use(_claim_mode(d), holder))
+        return old
+
+    def set_hold(self, key: tuple[str, str], hold: PluginHold | None) -> PluginHold | None:
+        owner = ("plugin", *key)
+        old = self.plugin.pop(key, None)
+        if old is not None:
+            self._unindex(owner, old.devices)
+        if hold is not None:
+            self.plugin[key] = hold
+            holder = PluginHolder(
+                resource=hold.resource,
+                pod_uid=hold.pod_uid,
+                container=hold.container,
+                state=hold.state,
+            )
+            for ref in hold.devices:
+                self._index(owner, ref, _Use("exclusive", holder))
+        return old
+
+    def conflicts(
+        self, wanted: Iterable[tuple[DeviceRef, _Mode]], me: _Owner
+    ) -> list[tuple[DeviceRef, list[Holder]]]:
+        found: dict[DeviceRef, list[Holder]] = {}
+        for ref, mode in wanted:
+            if mode == "admin":
+                continue
+            for owner, uses in self.by_device.get(ref, {}).items():
+                if owner == me:
+                    continue
+                for use in uses:
+                    if use.mode == "admin":
+                        continue
+                    if mode == "exclusive" or use.mode == "exclusive":
+                        bucket = found.setdefault(ref, [])
+                        if use.holder not in bucket:
+                            bucket.append(use.holder)
+        return list(found.items())
+
+
 def _signature(path: Path) -> tuple[int, int, int] | None:
     """Identifies one version of the file (a rename gives a new inode)."""
     try:
-        st = path.stat()
-    except FileNotFoundError:
+        st = os.stat(path)
+    except OSError:  # missing, or something load() will refuse (a symlink loop)
         return None
     return (st.st_ino, st.st_mtime_ns, st.st_size)
 
@@ -396,14 +575,19 @@ class Ledger:
 
     def __init__(self, path: Path, data: LedgerData | None = None) -> None:
         self.path = Path(path)
-        data = data or LedgerData()
-        self._claims: dict[str, ClaimEntry] = {c.uid: c for c in data.claims}
-        self._holds: dict[tuple[str, str], PluginHold] = {h.key: h for h in data.plugin_holds}
+        self._state = _Holds(data or LedgerData())
         self._thread_lock = threading.Lock()
         self.recovered_from_corruption: Path | None = None
+        # Why load() found nothing to trust ("missing", "corrupt: ..."), or None.
+        self.rebuild_reason: str | None = None
         self._seen = _signature(self.path)
         self._txn_thread: int | None = None  # the thread inside transaction(), if any
-        self._txn_dirty = False
+        self._txn_undo: list[Callable[[], object]] = []
+
+    @property
+    def needs_rebuild(self) -> bool:
+        """The checkpoint was missing or corrupt at load: holds must be rebuilt before serving."""
+        return self.rebuild_reason is not None
 
     @contextlib.contextmanager
     def transaction(self) -> Iterator[None]:
@@ -413,17 +597,17 @@ class Ledger:
         together (the exception propagates), as if none had been made.
         """
         with self._lock():
-            before = (self._claims, self._holds)
-            self._txn_thread, self._txn_dirty = threading.get_ident(), False
+            self._txn_thread, self._txn_undo = threading.get_ident(), []
             try:
                 yield
-                if self._txn_dirty:
-                    self._write(self._claims, self._holds)
+                if self._txn_undo:
+                    self._write()
             except BaseException:
-                self._claims, self._holds = before
+                for undo in reversed(self._txn_undo):
+                    undo()
                 raise
             finally:
-                self._txn_thread, self._txn_dirty = None, False
+                self._txn_thread, self._txn_undo = None, []
 
     @contextlib.contextmanager
     def _lock(self) -> Iterator[None]:
@@ -439,7 +623,7 @@ class Ledger:
             self.path.parent.mkdir(parents=True, exist_ok=True, mode=LEDGER_DIR_MODE)
             fd = os.open(
                 self.path.with_name(self.path.name + ".lock"),
-                os.O_RDWR | os.O_CREAT,
+                os.O_RDWR | os.O_CREAT | os.O_CLOEXEC,
                 LEDGER_FILE_MODE,
             )
             try:
@@ -453,76 +637,83 @@ class Ledger:
 
     def _reload(self) -> None:
         try:
-            raw = self.path.read_bytes()
-        except FileNotFoundError:
-            self._claims, self._holds = {}, {}
-        else:
-            try:
-                data = _decode(self.path, raw)
-            except LedgerCorruptError as err:
-                raise LedgerError(
-                    f"ledger {self.path} changed on disk and is now unreadable: {err.reason}; "
-                    "restart the plugin to recover"
-                ) from err
-            self._claims = {c.uid: c for c in data.claims}
-            self._holds = {h.key: h for h in data.plugin_holds}
+            raw = _read_checkpoint(self.path)
+            if raw is None:
+                # Deleted under a running plugin: what is in memory is still true, and
+                # forgetting it would hand held devices out again. Put it back.
+                log.error("ledger file vanished; writing it again from memory", path=str(self.path))
+                self._write()
+                return
+            data = _decode(self.path, raw)
+        except LedgerCorruptError as err:
+            raise LedgerError(
+                f"ledger {self.path} changed on disk and is now unreadable: {err.reason}; "
+                "restart the plugin to recover"
+            ) from err
+        self._state = _Holds(data)
         self._seen = _signature(self.path)
 
     @classmethod
     def load(cls, path: Path | str) -> Ledger:
         """Read the checkpoint; a corrupt one is kept aside and replaced by an empty ledger.
 
-        After a corruption the caller must reconcile (API server, pod-resources,
-        CDI dir): ``recovered_from_corruption`` then names the kept copy.
+        An empty ledger from a missing or corrupt checkpoint has ``needs_rebuild``
+        set (``recovered_from_corruption`` names the kept copy): the caller must
+        rebuild the holds from what survives before it serves.
         """
         path = Path(path)
         try:
-            raw = path.read_bytes()
-        except FileNotFoundError:
-            return cls(path)
-        try:
-            data = _decode(path, raw)
+            raw = _read_checkpoint(path)
+            data = _decode(path, raw) if raw is not None else None
         except LedgerCorruptError as err:
             kept = _quarantine(path)
             log.error(
-                "ledger checkpoint is corrupt; kept a copy and starting empty, reconcile needed",
+                "ledger checkpoint is corrupt; kept a copy and starting empty, rebuild needed",
                 path=str(path),
                 reason=err.reason,
                 kept=str(kept),
             )
             ledger = cls(path)
             ledger.recovered_from_corruption = kept
+            ledger.rebuild_reason = f"corrupt ({err.reason}); kept at {kept}"
+            return ledger
+        if data is None:
+            ledger = cls(path)
+            ledger.rebuild_reason = "missing"
             return ledger
         return cls(path, data)
 
     # --- persistence -----------------------------------------------------------
 
-    def _snapshot(
-        self, claims: Mapping[str, ClaimEntry], holds: Mapping[tuple[str, str], PluginHold]
-    ) -> LedgerData:
-        return LedgerData(
-            claims=[claims[k] for k in sorted(claims)],
-            plugin_holds=[holds[k] for k in sorted(holds)],
-        )
-
-    def _commit(
-        self, claims: dict[str, ClaimEntry], holds: dict[tuple[str, str], PluginHold]
-    ) -> None:
-        """Write first, then switch memory: a failed write leaves both as they were.
+    def _changed(self, undo: Callable[[], object]) -> None:
+        """Make the change just applied to memory durable; undo it if the write fails.
 
         Inside :meth:`transaction` only memory changes; the transaction writes once.
         """
         if self._txn_thread == threading.get_ident():
-            self._claims, self._holds = claims, holds
-            self._txn_dirty = True
+            self._txn_undo.append(undo)
             return
-        self._write(claims, holds)
+        try:
+            self._write()
+        except BaseException:
+            undo()
+            raise
 
-    def _write(
-        self, claims: dict[str, ClaimEntry], holds: dict[tuple[str, str], PluginHold]
-    ) -> None:
-        payload = self._snapshot(claims, holds).model_dump(mode="json")
-        doc = {"version": SUPPORTED_VERSION, "checksum": checksum(payload), "data": payload}
+    def _put_claim(self, uid: str, entry: ClaimEntry | None) -> None:
+        old = self._state.set_claim(uid, entry)
+        self._changed(lambda: self._state.set_claim(uid, old))
+
+    def _put_hold(self, key: tuple[str, str], hold: PluginHold | None) -> None:
+        old = self._state.set_hold(key, hold)
+        self._changed(lambda: self._state.set_hold(key, old))
+
+    def _write(self) -> None:
+        payload = self._state.snapshot().model_dump(mode="json")
+        doc = {
+            "version": SUPPORTED_VERSION,
+            "checksum": envelope_checksum(SUPPORTED_VERSION, payload),
+            "data": payload,
+        }
         directory = self.path.parent
         if not directory.is_dir():
             directory.mkdir(parents=True, exist_ok=True)
@@ -531,74 +722,41 @@ class Ledger:
         # the ledger is rewritten on every prepare and unprepare (`jq .` reads it).
         text = json.dumps(doc, separators=(",", ":"))
         atomic_write(self.path, (text + "\n").encode(), LEDGER_FILE_MODE)
-        self._claims, self._holds = claims, holds
         self._seen = _signature(self.path)
 
     def data(self) -> LedgerData:
         with self._lock():
-            return self._snapshot(self._claims, self._holds).model_copy(deep=True)
+            return self._state.snapshot().model_copy(deep=True)
 
     # --- conflicts -------------------------------------------------------------
-
-    def _uses(self) -> Iterable[tuple[DeviceRef, _Mode, tuple[str, ...], Holder]]:
-        for c in self._claims.values():
-            for d in c.devices:
-                holder = ClaimHolder(
-                    uid=c.uid,
-                    namespace=c.namespace,
-                    name=c.name,
-                    state=c.state,
-                    request_names=tuple(d.request_names),
-                    share_id=d.share_id,
-                    admin_access=d.admin_access,
-                    exclusive=d.exclusive,
-                )
-                yield d.ref, _claim_mode(d), ("claim", c.uid), holder
-        for h in self._holds.values():
-            plugin = PluginHolder(
-                resource=h.resource, pod_uid=h.pod_uid, container=h.container, state=h.state
-            )
-            for ref in h.devices:
-                yield ref, "exclusive", ("plugin", h.pod_uid, h.container), plugin
-
-    def _conflicts(
-        self, wanted: Iterable[tuple[DeviceRef, _Mode]], me: tuple[str, ...]
-    ) -> list[tuple[DeviceRef, list[Holder]]]:
-        uses = list(self._uses())
-        found: dict[DeviceRef, list[Holder]] = {}
-        for ref, mode in wanted:
-            if mode == "admin":
-                continue
-            for other_ref, other_mode, owner, holder in uses:
-                if other_ref != ref or owner == me or other_mode == "admin":
-                    continue
-                if mode == "exclusive" or other_mode == "exclusive":
-                    bucket = found.setdefault(ref, [])
-                    if holder not in bucket:
-                        bucket.append(holder)
-        return list(found.items())
 
     def holders(self, pool: str, device: str) -> list[Holder]:
         """Every use of the device, admin access included."""
         ref = DeviceRef(pool=pool, device=device)
         with self._lock():
-            return [h for r, _, _, h in self._uses() if r == ref]
+            owners = self._state.by_device.get(ref, {})
+            return [use.holder for uses in owners.values() for use in uses]
 
     def held_devices(self, include_shared: bool = False) -> set[tuple[str, str]]:
         """Devices taken exclusively (plus shared ones if asked): hide these from the other API."""
         wanted: set[_Mode] = {"exclusive", "shared"} if include_shared else {"exclusive"}
         with self._lock():
-            return {(r.pool, r.device) for r, mode, _, _ in self._uses() if mode in wanted}
+            return {
+                (ref.pool, ref.device)
+                for ref, owners in self._state.by_device.items()
+                if any(use.mode in wanted for uses in owners.values() for use in uses)
+            }
 
     # --- claims ----------------------------------------------------------------
 
     def claims(self) -> list[ClaimEntry]:
         with self._lock():
-            return [self._claims[k].model_copy(deep=True) for k in sorted(self._claims)]
+            claims = self._state.claims
+            return [claims[k].model_copy(deep=True) for k in sorted(claims)]
 
     def get_claim(self, uid: str) -> ClaimEntry | None:
         with self._lock():
-            entry = self._claims.get(uid)
+            entry = self._state.claims.get(uid)
             return entry.model_copy(deep=True) if entry else None
 
     def begin_prepare(
@@ -627,21 +785,40 @@ class Ledger:
         except ValidationError as err:
             raise LedgerValueError(f"invalid claim {namespace}/{name} (uid {uid}): {err}") from err
         with self._lock():
-            existing = self._claims.get(uid)
+            existing = self._state.claims.get(uid)
             if existing is not None:
                 self._check_same_claim(existing, entry)
                 if existing.state != "unpreparing" and existing.config_digest == config_digest:
                     return existing.model_copy(deep=True)
-            conflicts = self._conflicts(
-                ((d.ref, _claim_mode(d)) for d in entry.devices), ("claim", uid)
-            )
-            if conflicts:
-                raise DeviceBusy(entry.describe(), conflicts)
-            self._commit({**self._claims, uid: entry}, self._holds)
+            self._refuse_busy(entry)
+            self._put_claim(uid, entry)
             log.info(
                 "claim preparing",
                 claim=f"{namespace}/{name}",
                 uid=uid,
+                devices=",".join(str(d.ref) for d in entry.devices),
+            )
+            return entry.model_copy(deep=True)
+
+    def _refuse_busy(self, entry: ClaimEntry) -> None:
+        conflicts = self._state.conflicts(
+            ((d.ref, _claim_mode(d)) for d in entry.devices), ("claim", entry.uid)
+        )
+        if conflicts:
+            raise DeviceBusy(entry.describe(), conflicts)
+
+    def adopt_claim(self, entry: ClaimEntry) -> ClaimEntry:
+        """Record an entry rebuilt from what survived (a CDI spec, the API server),
+        replacing the claim's current one; refuse a device someone else holds."""
+        with self._lock():
+            self._refuse_busy(entry)
+            self._put_claim(entry.uid, entry)
+            log.info(
+                "claim adopted",
+                claim=f"{entry.namespace}/{entry.name}",
+                uid=entry.uid,
+                state=entry.state,
+                recovered=entry.recovered,
                 devices=",".join(str(d.ref) for d in entry.devices),
             )
             return entry.model_copy(deep=True)
@@ -670,7 +847,7 @@ class Ledger:
         """
         cdi_ids = cdi_ids or {}
         with self._lock():
-            entry = self._claims.get(uid)
+            entry = self._state.claims.get(uid)
             if entry is None:
                 raise UnknownClaimError(
                     f"claim uid {uid} is not in the ledger; begin_prepare first"
@@ -697,39 +874,40 @@ class Ledger:
             done = entry.model_copy(
                 update={"state": "prepared", "devices": devices, "updated": _now()}
             )
-            self._commit({**self._claims, uid: done}, self._holds)
+            self._put_claim(uid, done)
             log.info("claim prepared", claim=f"{entry.namespace}/{entry.name}", uid=uid)
             return done.model_copy(deep=True)
 
     def begin_unprepare(self, uid: str) -> ClaimEntry | None:
         """Mark teardown as started; the devices stay held until :meth:`remove_claim`."""
         with self._lock():
-            entry = self._claims.get(uid)
+            entry = self._state.claims.get(uid)
             if entry is None:
                 return None
             if entry.state != "unpreparing":
                 entry = entry.model_copy(update={"state": "unpreparing", "updated": _now()})
-                self._commit({**self._claims, uid: entry}, self._holds)
+                self._put_claim(uid, entry)
                 log.info("claim unpreparing", claim=f"{entry.namespace}/{entry.name}", uid=uid)
             return entry.model_copy(deep=True)
 
     def remove_claim(self, uid: str) -> None:
         with self._lock():
-            entry = self._claims.get(uid)
+            entry = self._state.claims.get(uid)
             if entry is None:
                 return
-            self._commit({k: v for k, v in self._claims.items() if k != uid}, self._holds)
+            self._put_claim(uid, None)
             log.info("claim removed", claim=f"{entry.namespace}/{entry.name}", uid=uid)
 
     # --- device-plugin holds ---------------------------------------------------
 
     def plugin_holds(self) -> list[PluginHold]:
         with self._lock():
-            return [self._holds[k].model_copy(deep=True) for k in sorted(self._holds)]
+            holds = self._state.plugin
+            return [holds[k].model_copy(deep=True) for k in sorted(holds)]
 
     def get_plugin_hold(self, pod_uid: str, container: str) -> PluginHold | None:
         with self._lock():
-            hold = self._holds.get((pod_uid, container))
+            hold = self._state.plugin.get((pod_uid, container))
             return hold.model_copy(deep=True) if hold else None
 
     def begin_plugin_hold(
@@ -754,19 +932,19 @@ class Ledger:
                 f"invalid device-plugin hold for pod {pod_uid} container {container}: {err}"
             ) from err
         with self._lock():
-            existing = self._holds.get(hold.key)
+            existing = self._state.plugin.get(hold.key)
             if (
                 existing is not None
                 and existing.resource == resource
                 and set(existing.devices) == set(hold.devices)
             ):
                 return existing.model_copy(deep=True)
-            conflicts = self._conflicts(
+            conflicts = self._state.conflicts(
                 ((ref, "exclusive") for ref in hold.devices), ("plugin", pod_uid, container)
             )
             if conflicts:
                 raise DeviceBusy(hold.describe(), conflicts)
-            self._commit(self._claims, {**self._holds, hold.key: hold})
+            self._put_hold(hold.key, hold)
             log.info(
                 "device-plugin hold allocating",
                 resource=resource,
@@ -778,7 +956,7 @@ class Ledger:
 
     def complete_plugin_hold(self, pod_uid: str, container: str) -> PluginHold:
         with self._lock():
-            hold = self._holds.get((pod_uid, container))
+            hold = self._state.plugin.get((pod_uid, container))
             if hold is None:
                 raise UnknownPluginHoldError(
                     f"no device-plugin hold for pod {pod_uid} container {container}; "
@@ -786,14 +964,14 @@ class Ledger:
                 )
             if hold.state != "allocated":
                 hold = hold.model_copy(update={"state": "allocated", "updated": _now()})
-                self._commit(self._claims, {**self._holds, hold.key: hold})
+                self._put_hold(hold.key, hold)
                 log.info("device-plugin hold allocated", pod=pod_uid, container=container)
             return hold.model_copy(deep=True)
 
     def release_plugin_hold(self, pod_uid: str, container: str) -> None:
         with self._lock():
             key = (pod_uid, container)
-            if key not in self._holds:
+            if key not in self._state.plugin:
                 return
-            self._commit(self._claims, {k: v for k, v in self._holds.items() if k != key})
+            self._put_hold(key, None)
             log.info("device-plugin hold released", pod=pod_uid, container=container)

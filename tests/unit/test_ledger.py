@@ -7,8 +7,9 @@ import json
 import logging
 import os
 import stat
+import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -124,10 +125,12 @@ def test_file_format_version_checksum_and_modes(path: Path) -> None:
         os.umask(old)
     doc = json.loads(path.read_text())
     assert set(doc) == {"version", "checksum", "data"}
-    assert doc["version"] == 1
-    canonical = json.dumps(doc["data"], sort_keys=True, separators=(",", ":")).encode()
+    assert doc["version"] == 2
+    # The checksum covers the version too.
+    covered = {"version": 2, "data": doc["data"]}
+    canonical = json.dumps(covered, sort_keys=True, separators=(",", ":")).encode()
     assert doc["checksum"] == "sha256:" + hashlib.sha256(canonical).hexdigest()
-    assert checksum(doc["data"]) == doc["checksum"]
+    assert checksum(covered) == doc["checksum"]
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
     assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700
     # No temp files left; the .lock file is the cross-process lock.
@@ -257,7 +260,10 @@ def test_second_corruption_keeps_both_copies(path: Path) -> None:
 
 def test_future_version_is_refused_and_file_untouched(path: Path) -> None:
     path.parent.mkdir(parents=True)
-    raw = json.dumps({"version": 2, "checksum": "sha512:whatever", "data": {"new": []}}).encode()
+    data: dict[str, list[str]] = {"new": []}
+    # Every version keeps the envelope: the checksum covers version and data.
+    doc = {"version": 3, "checksum": checksum({"version": 3, "data": data}), "data": data}
+    raw = json.dumps(doc).encode()
     path.write_bytes(raw)
     before = path.stat()
 
@@ -265,12 +271,144 @@ def test_future_version_is_refused_and_file_untouched(path: Path) -> None:
         Ledger.load(path)
 
     message = str(info.value)
-    assert "version 2" in message and "version 1" in message
+    assert "version 3" in message and "version 2" in message
     assert "newer dradriver" in message and "move the file away" in message
-    assert (info.value.found, info.value.supported) == (2, 1)
+    assert (info.value.found, info.value.supported) == (3, 2)
     assert path.read_bytes() == raw
     assert path.stat().st_mtime_ns == before.st_mtime_ns
     assert corrupt_copies(path) == []
+
+
+def test_a_version_1_file_is_read_and_rewritten_as_version_2(path: Path) -> None:
+    prepared_ledger(path)
+    data = json.loads(path.read_text())["data"]
+    for claim in data["claims"]:
+        del claim["recovered"]  # version 1 had no such field
+    # Exactly what dradriver wrote before version 2: the checksum covers data alone.
+    path.write_text(json.dumps({"version": 1, "checksum": checksum(data), "data": data}))
+
+    ledger = Ledger.load(path)
+
+    assert not ledger.needs_rebuild
+    entry = ledger.get_claim("uid-1")
+    assert entry is not None and entry.state == "prepared" and entry.cdi_ids
+    ledger.begin_unprepare("uid-1")
+    assert json.loads(path.read_text())["version"] == 2
+
+
+@pytest.mark.parametrize("version", [1, 3, 12])
+def test_a_flipped_version_is_corruption_not_a_newer_format(path: Path, version: int) -> None:
+    prepared_ledger(path)
+    doc = json.loads(path.read_text())
+    doc["version"] = version
+    path.write_text(json.dumps(doc))
+
+    ledger = Ledger.load(path)  # no LedgerVersionError: the checksum covers the version
+
+    assert ledger.needs_rebuild and ledger.claims() == []
+    assert len(corrupt_copies(path)) == 1
+
+
+def _deep_json(path: Path) -> None:
+    path.write_text("[" * 100_000 + "]" * 100_000)
+
+
+def _directory(path: Path) -> None:
+    path.unlink()
+    path.mkdir()
+
+
+def _fifo(path: Path) -> None:
+    path.unlink()
+    os.mkfifo(path)  # no writer: a blocking read would wait forever
+
+
+def _symlink_loop(path: Path) -> None:
+    path.unlink()
+    path.symlink_to(path.name)
+
+
+def _dangling_symlink(path: Path) -> None:
+    path.unlink()
+    path.symlink_to(path.with_name("gone.json"))
+
+
+@pytest.mark.parametrize(
+    ("make", "reason"),
+    [
+        (_deep_json, "nested too deeply"),
+        (_directory, "is a directory"),
+        (_fifo, "is a FIFO"),
+        (_symlink_loop, "cannot be opened"),
+        (_dangling_symlink, "a symlink to a file that does not exist"),
+    ],
+    ids=["deep-json", "directory", "fifo", "symlink-loop", "dangling-symlink"],
+)
+def test_whatever_is_at_the_path_is_kept_aside_never_a_crash(
+    path: Path, ledger_logs: pytest.LogCaptureFixture, make: object, reason: str
+) -> None:
+    prepared_ledger(path)
+    assert callable(make)
+    make(path)
+
+    ledger = Ledger.load(path)
+
+    assert ledger.needs_rebuild and ledger.claims() == []
+    assert ledger.recovered_from_corruption is not None
+    assert os.path.lexists(ledger.recovered_from_corruption)
+    assert not os.path.lexists(path)
+    assert any(reason in str(f["reason"]) for f in error_fields(ledger_logs))
+    ledger.begin_prepare("uid-2", "ns", "c", [excl("dev-0")])  # and it works from there
+    assert Ledger.load(path).get_claim("uid-2") is not None
+
+
+def test_a_missing_file_needs_a_rebuild(path: Path) -> None:
+    assert Ledger.load(path).rebuild_reason == "missing"
+    prepared_ledger(path)
+    assert not Ledger.load(path).needs_rebuild
+
+
+def test_a_file_deleted_under_a_running_plugin_is_written_again(path: Path) -> None:
+    ledger = prepared_ledger(path)
+    path.unlink()
+    assert ledger.held_devices() == {("pool-a", "dev-0")}  # not forgotten
+    assert Ledger.load(path).get_claim("uid-1") is not None
+
+
+def python_calls(work: Callable[[], object]) -> int:
+    """Python function calls made while ``work`` runs: a step count, not a clock."""
+    calls = 0
+
+    def count(frame: object, event: str, arg: object) -> None:
+        nonlocal calls
+        if event == "call":
+            calls += 1
+
+    sys.setprofile(count)
+    try:
+        work()
+    finally:
+        sys.setprofile(None)
+    return calls
+
+
+def test_a_transaction_costs_linear_steps_in_the_claims_it_changes(tmp_path: Path) -> None:
+    def prepare_many(n: int) -> Callable[[], None]:
+        ledger = Ledger(tmp_path / f"ledger-{n}.json")
+
+        def work() -> None:
+            with ledger.transaction():
+                for i in range(n):
+                    ledger.begin_prepare(f"u{i}", "ns", f"c{i}", [excl(f"d{i}")])
+            with ledger.transaction():
+                for i in range(n):
+                    ledger.complete_prepare(f"u{i}")
+
+        return work
+
+    small, large = python_calls(prepare_many(400)), python_calls(prepare_many(1600))
+    # Linear: 4x the claims, ~4x the steps (quadratic would be ~16x).
+    assert large < 6 * small, (small, large)
 
 
 # --- claims --------------------------------------------------------------------

@@ -139,5 +139,5 @@ def test_cdi_spec_and_device_names_are_pinned(tmp_path: Path) -> None:
 
 
 def test_ledger_file_name_and_format_version_are_pinned() -> None:
-    assert SUPPORTED_VERSION == 1
+    assert SUPPORTED_VERSION == 2
     assert any('/ "ledger.json"' in text for text in _product_sources())
