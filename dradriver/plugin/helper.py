@@ -21,6 +21,7 @@ from dradriver.kubeletapi.sockets import serve_unix
 from dradriver.log import get_logger
 from dradriver.plugin.interface import DeviceHealth, DRADriver
 from dradriver.plugin.services import (
+    HEALTH_RESEND_SECONDS,
     DRAService,
     HealthService,
     RegistrationService,
@@ -61,9 +62,14 @@ class PluginPaths:
 
 class KubeletPluginHelper:
     def __init__(
-        self, driver: DRADriver, paths: PluginPaths, watchdog_interval: float = 1.0
+        self,
+        driver: DRADriver,
+        paths: PluginPaths,
+        watchdog_interval: float = 1.0,
+        health_resend: float = HEALTH_RESEND_SECONDS,
     ) -> None:
         self.driver = driver
+        self._health_resend = health_resend
         self.paths = paths
         self.registration = RegistrationService(paths.driver_name, str(paths.dra_socket))
         self._dra_server: grpc.aio.Server | None = None
@@ -81,7 +87,9 @@ class KubeletPluginHelper:
         self.paths.plugin_dir.mkdir(parents=True, exist_ok=True, mode=0o750)
         self.paths.registry_dir.mkdir(parents=True, exist_ok=True, mode=0o755)
         self._dra_server = grpc.aio.server()
-        self.dra_services, self._health = add_dra_services(self._dra_server, self.driver)
+        self.dra_services, self._health = add_dra_services(
+            self._dra_server, self.driver, self._health_resend
+        )
         await serve_unix(self._dra_server, self.paths.dra_socket)
         log.info("serving DRA", socket=str(self.paths.dra_socket))
         await self._start_registration()

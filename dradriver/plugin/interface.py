@@ -2,8 +2,17 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Protocol
+
+# Kubernetes UIDs are UUIDs. A claim UID also names files (CDI specs, lock files):
+# letters, digits, '-' and '.', starting and ending with a letter or digit, so it can
+# never be a path, start with '.', or swallow a separator.
+_CLAIM_UID = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9.-]{0,126}[A-Za-z0-9])?")
+# Object names: DNS-1123 subdomain; namespaces: DNS-1123 label.
+_NAME = re.compile(r"[a-z0-9](?:[-a-z0-9]*[a-z0-9])?(?:\.[a-z0-9](?:[-a-z0-9]*[a-z0-9])?)*")
+_NAMESPACE = re.compile(r"[a-z0-9](?:[-a-z0-9]{0,61}[a-z0-9])?")
 
 
 @dataclass(frozen=True)
@@ -16,6 +25,28 @@ class ClaimRef:
 
     def __str__(self) -> str:
         return f"{self.namespace}/{self.name}"
+
+
+def claim_uid_problem(uid: str) -> str | None:
+    """Why ``uid`` cannot be a claim UID, or None if it can."""
+    if not _CLAIM_UID.fullmatch(uid):
+        return (
+            f"claim uid {uid!r} is not a valid UID (letters, digits, '-' and '.', at most 128, "
+            "starting and ending with a letter or digit)"
+        )
+    return None
+
+
+def claim_ref_problem(claim: ClaimRef) -> str | None:
+    """Why the kubelet's reference cannot name a claim, or None if it can."""
+    problem = claim_uid_problem(claim.uid)
+    if problem:
+        return problem
+    if not _NAMESPACE.fullmatch(claim.namespace):
+        return f"claim namespace {claim.namespace!r} is not a valid namespace name"
+    if len(claim.name) > 253 or not _NAME.fullmatch(claim.name):
+        return f"claim name {claim.name!r} is not a valid object name"
+    return None
 
 
 @dataclass(frozen=True)

@@ -35,13 +35,20 @@ from dradriver.kubeletapi.gen import (
     pluginregistration_v1_pb2_grpc,
 )
 from dradriver.log import get_logger
-from dradriver.plugin.interface import ClaimRef, DeviceHealth, DRADriver, PrepareResult
+from dradriver.plugin.interface import (
+    ClaimRef,
+    DeviceHealth,
+    DRADriver,
+    PrepareResult,
+    claim_ref_problem,
+)
 
 log = get_logger("plugin.grpc")
 
 SUPPORTED_VERSIONS = [DRA_V1_IDENTIFIER, DRA_V1BETA1_IDENTIFIER, DRA_HEALTH_V1ALPHA1_IDENTIFIER]
 # The kubelet marks a device Unknown when it is not re-reported within this time.
 HEALTH_TIMEOUT_SECONDS = 30
+HEALTH_RESEND_SECONDS = HEALTH_TIMEOUT_SECONDS / 3
 
 
 class RegistrationService(pluginregistration_v1_pb2_grpc.RegistrationServicer):  # type: ignore[misc]
@@ -87,8 +94,25 @@ class RegistrationService(pluginregistration_v1_pb2_grpc.RegistrationServicer): 
         return pluginregistration_v1_pb2.RegistrationStatusResponse()
 
 
-def _claim_refs(request: Any) -> list[ClaimRef]:
-    return [ClaimRef(namespace=c.namespace, uid=c.uid, name=c.name) for c in request.claims]
+def _claim_refs(request: Any) -> tuple[list[ClaimRef], dict[str, str]]:
+    """The claims the driver may work on (valid, each UID once), and an error per UID
+    that it may not: an invalid reference, or one UID named as two different claims.
+    One bad claim costs only its own entry in the response, never the whole call.
+    """
+    first: dict[str, ClaimRef] = {}
+    errors: dict[str, str] = {}
+    for c in request.claims:
+        claim = ClaimRef(namespace=c.namespace, uid=c.uid, name=c.name)
+        problem = claim_ref_problem(claim)
+        if problem:
+            errors[claim.uid] = problem
+            continue
+        seen = first.setdefault(claim.uid, claim)
+        if seen != claim:
+            errors[claim.uid] = (
+                f"claim uid {claim.uid} is named twice in one request, as {seen} and {claim}"
+            )
+    return [c for uid, c in first.items() if uid not in errors], errors
 
 
 class DRAService:
@@ -119,10 +143,12 @@ class DRAService:
         self, request: Any, context: grpc.aio.ServicerContext[Any, Any]
     ) -> Any:
         started = time.monotonic()
-        claims = _claim_refs(request)
-        results = await self._driver.prepare_claims(claims)
+        claims, errors = _claim_refs(request)
+        results = await self._driver.prepare_claims(claims) if claims else {}
         response = self._pb2.NodePrepareResourcesResponse()
-        failed = False
+        for uid, error in errors.items():
+            response.claims[uid].error = error
+        failed = bool(errors)
         for claim in claims:
             result = results.get(claim.uid) or PrepareResult(error="driver returned no result")
             entry = response.claims[claim.uid]
@@ -138,11 +164,11 @@ class DRAService:
         self, request: Any, context: grpc.aio.ServicerContext[Any, Any]
     ) -> Any:
         started = time.monotonic()
-        claims = _claim_refs(request)
-        errors = await self._driver.unprepare_claims(claims)
+        claims, refused = _claim_refs(request)
+        errors = {**(await self._driver.unprepare_claims(claims) if claims else {}), **refused}
         response = self._pb2.NodeUnprepareResourcesResponse()
-        for claim in claims:
-            response.claims[claim.uid].error = errors.get(claim.uid, "")
+        for uid in [*(c.uid for c in claims), *refused]:
+            response.claims[uid].error = errors.get(uid, "")
         self._observe("NodeUnprepareResources", started, any(errors.values()))
         return response
 
@@ -154,8 +180,9 @@ class HealthService:
     so devices do not turn Unknown.
     """
 
-    def __init__(self, pb2: ModuleType) -> None:
+    def __init__(self, pb2: ModuleType, resend_interval: float = HEALTH_RESEND_SECONDS) -> None:
         self._pb2 = pb2
+        self._resend_interval = resend_interval
         self._snapshot: list[DeviceHealth] = []
         self._changed = asyncio.Condition()
         self._closing = False
@@ -197,19 +224,22 @@ class HealthService:
         while not self._closing:
             async with self._changed:
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._changed.wait(), HEALTH_TIMEOUT_SECONDS / 3)
+                    await asyncio.wait_for(self._changed.wait(), self._resend_interval)
             if self._closing:
                 return
             yield self._response()
 
 
 def add_dra_services(
-    server: grpc.aio.Server, driver: DRADriver
+    server: grpc.aio.Server, driver: DRADriver, health_resend: float = HEALTH_RESEND_SECONDS
 ) -> tuple[list[DRAService], list[HealthService]]:
     dra = [DRAService(driver, dra_v1_pb2, True), DRAService(driver, dra_v1beta1_pb2, False)]
     dra_v1_pb2_grpc.add_DRAPluginServicer_to_server(dra[0], server)
     dra_v1beta1_pb2_grpc.add_DRAPluginServicer_to_server(dra[1], server)
-    health = [HealthService(drahealth_v1alpha1_pb2), HealthService(drahealth_v1_pb2)]
+    health = [
+        HealthService(drahealth_v1alpha1_pb2, health_resend),
+        HealthService(drahealth_v1_pb2, health_resend),
+    ]
     drahealth_v1alpha1_pb2_grpc.add_DRAResourceHealthServicer_to_server(health[0], server)
     drahealth_v1_pb2_grpc.add_DRAResourceHealthServicer_to_server(health[1], server)
     return dra, health

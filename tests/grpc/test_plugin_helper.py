@@ -17,6 +17,8 @@ from dradriver.kubeletapi.gen import (
     dra_v1_pb2_grpc,
     dra_v1beta1_pb2,
     dra_v1beta1_pb2_grpc,
+    drahealth_v1_pb2,
+    drahealth_v1_pb2_grpc,
     drahealth_v1alpha1_pb2,
     drahealth_v1alpha1_pb2_grpc,
     pluginregistration_v1_pb2,
@@ -24,6 +26,7 @@ from dradriver.kubeletapi.gen import (
 )
 from dradriver.plugin.helper import KubeletPluginHelper, PluginPaths
 from dradriver.plugin.interface import ClaimRef, DeviceHealth, PreparedDevice, PrepareResult
+from dradriver.plugin.services import HEALTH_TIMEOUT_SECONDS
 
 DRIVER = "test.dradriver.dev"
 
@@ -68,11 +71,15 @@ async def eventually(probe: Callable[[], bool], deadline: float = 10) -> None:
 
 
 def run(
-    test: Callable[[KubeletPluginHelper, RecordingDriver], Awaitable[None]], root: Path
+    test: Callable[[KubeletPluginHelper, RecordingDriver], Awaitable[None]],
+    root: Path,
+    health_resend: float = 10.0,
 ) -> None:
     async def main() -> None:
         driver = RecordingDriver()
-        helper = KubeletPluginHelper(driver, PluginPaths(root, DRIVER), watchdog_interval=0.05)
+        helper = KubeletPluginHelper(
+            driver, PluginPaths(root, DRIVER), watchdog_interval=0.05, health_resend=health_resend
+        )
         await helper.start()
         try:
             await test(helper, driver)
@@ -193,6 +200,86 @@ def test_health_stream_sends_complete_list_on_change(sock_dir: Path) -> None:
             stream.cancel()
 
     run(body, sock_dir)
+
+
+def test_an_invalid_claim_reference_fails_only_its_own_entry(sock_dir: Path) -> None:
+    async def body(helper: KubeletPluginHelper, driver: RecordingDriver) -> None:
+        bad = {"u2\n": "is not a valid UID", "u3/..": "is not a valid UID", "u4": "name 'Bad_Name'"}
+        async with grpc.aio.insecure_channel(f"unix://{helper.paths.dra_socket}") as ch:
+            stub = dra_v1_pb2_grpc.DRAPluginStub(ch)
+            claims = [
+                dra_v1_pb2.Claim(namespace="ns", uid="u1", name="good"),
+                dra_v1_pb2.Claim(namespace="ns", uid="u2\n", name="good"),  # trailing newline
+                dra_v1_pb2.Claim(namespace="ns", uid="u3/..", name="good"),
+                dra_v1_pb2.Claim(namespace="ns", uid="u4", name="Bad_Name"),
+            ]
+            resp = await stub.NodePrepareResources(
+                dra_v1_pb2.NodePrepareResourcesRequest(claims=claims)
+            )
+            assert resp.claims["u1"].error == "" and resp.claims["u1"].devices
+            for uid, message in bad.items():
+                assert message in resp.claims[uid].error and not resp.claims[uid].devices
+            un = await stub.NodeUnprepareResources(
+                dra_v1_pb2.NodeUnprepareResourcesRequest(claims=claims)
+            )
+            assert un.claims["u1"].error == ""
+            assert all(message in un.claims[uid].error for uid, message in bad.items())
+        assert driver.prepared == ["u1"] and driver.unprepared == ["u1"]
+
+    run(body, sock_dir)
+
+
+def test_a_uid_named_twice_is_worked_on_once_or_refused_if_the_names_differ(
+    sock_dir: Path,
+) -> None:
+    async def body(helper: KubeletPluginHelper, driver: RecordingDriver) -> None:
+        async with grpc.aio.insecure_channel(f"unix://{helper.paths.dra_socket}") as ch:
+            stub = dra_v1_pb2_grpc.DRAPluginStub(ch)
+            resp = await stub.NodePrepareResources(
+                dra_v1_pb2.NodePrepareResourcesRequest(
+                    claims=[
+                        dra_v1_pb2.Claim(namespace="ns", uid="u1", name="good"),
+                        dra_v1_pb2.Claim(namespace="ns", uid="u1", name="good"),
+                        dra_v1_pb2.Claim(namespace="ns", uid="u2", name="good"),
+                        dra_v1_pb2.Claim(namespace="ns", uid="u2", name="bad"),
+                    ]
+                )
+            )
+        assert resp.claims["u1"].error == "" and len(resp.claims["u1"].devices) == 1
+        assert resp.claims["u2"].error == (
+            "claim uid u2 is named twice in one request, as ns/good and ns/bad"
+        )
+        assert driver.prepared == ["u1"]
+
+    run(body, sock_dir)
+
+
+def test_health_v1_stream_is_sent_again_without_changes(sock_dir: Path) -> None:
+    async def body(helper: KubeletPluginHelper, driver: RecordingDriver) -> None:
+        await helper.publish_health(
+            [DeviceHealth("node-1", "dev-0", True), DeviceHealth("node-1", "dev-1", None)]
+        )
+        async with grpc.aio.insecure_channel(f"unix://{helper.paths.dra_socket}") as ch:
+            stub = drahealth_v1_pb2_grpc.DRAResourceHealthStub(ch)
+            stream = stub.NodeWatchResources(drahealth_v1_pb2.NodeWatchResourcesRequest())
+            first = await stream.read()
+            # Nothing changes: the list comes again anyway, before the kubelet's timeout
+            # would turn the devices Unknown.
+            async with asyncio.timeout(10):
+                again = await stream.read()
+            for response in (first, again):
+                assert [(d.device.device_name, d.health) for d in response.devices] == [
+                    ("dev-0", drahealth_v1_pb2.HEALTHY),
+                    ("dev-1", drahealth_v1_pb2.UNKNOWN),
+                ]
+                assert all(
+                    d.health_check_timeout_seconds == HEALTH_TIMEOUT_SECONDS
+                    for d in response.devices
+                )
+            assert again.devices[0].last_updated_time >= first.devices[0].last_updated_time
+            stream.cancel()
+
+    run(body, sock_dir, health_resend=0.05)
 
 
 def test_registration_socket_is_recreated_after_deletion(sock_dir: Path) -> None:
