@@ -50,6 +50,8 @@ MAX_SOCKET_PATH = 107
 # The kubelet dials the plugin back inside Register with a 10 s timeout.
 REGISTER_TIMEOUT_SECONDS = 15.0
 LOG_EVERY_NTH_FAILURE = 10
+# The kubelet asks for one container at a time.
+MAX_CONTAINER_REQUESTS = 64
 
 
 # --- what a backend deals in ----------------------------------------------------
@@ -225,24 +227,50 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):  # type: ignore[misc]
         finally:
             self.streams -= 1
 
+    def _preferred_requests(self, request: Any) -> list[tuple[list[str], list[str], int]]:
+        """The request bounded by what this plugin advertised: IDs it never listed are
+        dropped (the kubelet only has ours; a device may have gone meanwhile), so the
+        work is bounded by the device count whatever the caller sends."""
+        if len(request.container_requests) > MAX_CONTAINER_REQUESTS:
+            raise DevicePluginError(
+                f"GetPreferredAllocation names {len(request.container_requests)} containers; "
+                f"at most {MAX_CONTAINER_REQUESTS} are accepted",
+                grpc.StatusCode.INVALID_ARGUMENT,
+            )
+        listed = {d.id for d in self._devices}
+        out = []
+        for req in request.container_requests:
+            size = int(req.allocation_size)
+            if not 0 <= size <= len(listed):
+                raise DevicePluginError(
+                    f"allocation size {size} is not between 0 and the {len(listed)} devices "
+                    f"of {self.backend.resource_name}",
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                )
+            available = [i for i in dict.fromkeys(req.available_deviceIDs) if i in listed]
+            must = [i for i in dict.fromkeys(req.must_include_deviceIDs) if i in listed]
+            out.append((available, must, size))
+        return out
+
+    def _preferred(self, requests: list[tuple[list[str], list[str], int]]) -> list[list[str]]:
+        return [self.backend.preferred_allocation(*r) for r in requests]
+
     async def GetPreferredAllocation(
         self, request: Any, context: grpc.aio.ServicerContext[Any, Any]
     ) -> Any:
         started = time.monotonic()
         response = pb.PreferredAllocationResponse()
         try:
-            for req in request.container_requests:
-                ids = self.backend.preferred_allocation(
-                    list(req.available_deviceIDs),
-                    list(req.must_include_deviceIDs),
-                    int(req.allocation_size),
-                )
-                response.container_responses.append(
-                    pb.ContainerPreferredAllocationResponse(deviceIDs=ids)
-                )
+            requests = self._preferred_requests(request)
+            # Off the loop: the loop also serves ListAndWatch, Allocate and registration.
+            answers = await asyncio.to_thread(self._preferred, requests)
         except DevicePluginError as e:
             self._observe("GetPreferredAllocation", started, True)
             await context.abort(e.code, str(e))
+        for ids in answers:
+            response.container_responses.append(
+                pb.ContainerPreferredAllocationResponse(deviceIDs=ids)
+            )
         self._observe("GetPreferredAllocation", started, False)
         return response
 
