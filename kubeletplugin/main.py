@@ -232,6 +232,9 @@ class Plugin:
             await asyncio.sleep(self.args.health_interval)
 
     async def run(self, stop: asyncio.Event) -> None:
+        # Everything that rebuilds holds (DRA claims from their specs and the API server,
+        # device-plugin holds from their specs and pod-resources) happens before either
+        # API serves: a lost ledger must not hand out a device in use.
         counts = await self.driver.reconcile()
         log.info(
             "starting",
@@ -246,6 +249,8 @@ class Plugin:
         )
         if self.shim is not None:
             self.shim.reconcile_cdi()
+        if self.hold_reconciler is not None:
+            await self.hold_reconciler.prime()
         await http.start()
         await self.helper.start()
         if self.shim is not None:
@@ -257,6 +262,8 @@ class Plugin:
         ]
         if self.hold_reconciler is not None:
             tasks.append(asyncio.create_task(self.hold_reconciler.run()))
+        # Claims the API server could not answer for at start, asked again with backoff.
+        tasks.append(asyncio.create_task(self.driver.confirm_claims_later()))
         try:
             await stop.wait()
         finally:

@@ -4,6 +4,12 @@ Implements the framework's DRADriver interface. Every step that changes the
 node is recorded in the ledger first (two-phase: preparing → prepared,
 unpreparing → gone), so a crash at any point is finished or rolled back by
 :meth:`NodeDriver.reconcile` at the next start.
+
+What the API server says about a claim is one of three answers: the claim
+(check its allocation), gone (404, or the name now has another UID), or
+unknown (403, 429, 5xx, a timeout). Only "gone" or an allocation that no longer
+puts the claim here tears a prepared claim down; "unknown" keeps it and asks
+again later.
 """
 
 from __future__ import annotations
@@ -11,17 +17,27 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
+
+import httpx
 
 from dradriver.api import networkpool as net
 from dradriver.api import pinnedparameters as pins
 from dradriver.api.opaqueconfig import DeviceConfigError, EffectiveConfig, effective_configs
 from dradriver.api.wellknown import CONFLICT_ANNOTATION
-from dradriver.host.cdi import CDIDevice, CDIRegistry, check_host_device_nodes
+from dradriver.host.cdi import CDIDevice, CDIError, CDIRegistry, check_host_device_nodes
 from dradriver.host.containeredits import ContainerEdits
 from dradriver.host.hooks import Hook, HookError, run_hook
-from dradriver.host.ledger import ClaimDevice, DeviceBusy, DeviceKey, Ledger, LedgerError
+from dradriver.host.ledger import (
+    ClaimDevice,
+    ClaimEntry,
+    DeviceBusy,
+    DeviceKey,
+    Ledger,
+    LedgerError,
+)
 from dradriver.host.ledgercommits import GroupCommitter
 from dradriver.k8s.client import KubeClient
 from dradriver.k8s.errors import KubeAPIError
@@ -29,15 +45,33 @@ from dradriver.k8s.objects import Obj
 from dradriver.k8s.paths import RESOURCE_V1, path_for
 from dradriver.log import get_logger
 from dradriver.plugin.claimlock import ClaimLocks
-from dradriver.plugin.interface import ClaimRef, PreparedDevice, PrepareResult
+from dradriver.plugin.interface import ClaimRef, PreparedDevice, PrepareResult, claim_ref_problem
 from kubeletplugin.inventory import NodeInventory
 from kubeletplugin.metrics import PluginMetrics
 
 log = get_logger("kubeletplugin.driver")
 
+# One GET of a claim; the client's own read timeout is long enough for watches.
+CLAIM_READ_SECONDS = 10.0
+# All claim reads of the start-up reconcile together: what is not answered by then is
+# checked again in the background (confirm_claims_later), so the plugin still registers.
+START_READ_BUDGET_SECONDS = 20.0
+READ_CONCURRENCY = 16
+# The merged config goes to hooks as one environment variable (DRADRIVER_CONFIG);
+# Linux refuses a single one over 128 KiB (MAX_ARG_STRLEN).
+MAX_CONFIG_BYTES = 64 * 1024
+
 
 class PrepareError(RuntimeError):
     """A claim cannot be prepared; the message goes to the kubelet and the pod's events."""
+
+
+class ClaimGone(PrepareError):
+    """The claim the kubelet named does not exist any more (404, or its name has another UID)."""
+
+
+class ClaimUnreadable(PrepareError):
+    """The API server could not say (403, 429, 5xx, a timeout): unknown, ask again later."""
 
 
 class DRAGate(Protocol):
@@ -74,6 +108,40 @@ class PlannedDevice:
         return f"{self.device}-{self.share_id}" if self.share_id else self.device
 
 
+def _config_strings(config: EffectiveConfig) -> Iterator[tuple[str, str]]:
+    for key, value in config.env.items():
+        yield f"env name {key!r}", key
+        yield f"env[{key!r}]", value
+    if config.profile is not None:
+        yield "profile", config.profile
+    for i, arg in enumerate(config.setup_args):
+        yield f"setupArgs[{i}]", arg
+
+
+def config_problem(config: EffectiveConfig) -> str | None:
+    """Why a merged config cannot reach a hook's environment or a container, or None.
+
+    Environment strings are C strings (no NUL) in UTF-8 (no lone surrogates), and a
+    single variable is limited in size.
+    """
+    for where, text in _config_strings(config):
+        if "\x00" in text:
+            return f"{where} contains a NUL character"
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            return f"{where} is not valid UTF-8 (it contains a lone surrogate)"
+    size = len(config.model_dump_json().encode())
+    if size > MAX_CONFIG_BYTES:
+        return f"the merged config is {size} bytes; at most {MAX_CONFIG_BYTES} are passed to hooks"
+    return None
+
+
+def _spec_env(device: Mapping[str, Any]) -> dict[str, str]:
+    edits = device.get("containerEdits") or {}
+    return dict(item.split("=", 1) for item in edits.get("env") or [] if "=" in item)
+
+
 class NodeDriver:
     def __init__(
         self,
@@ -97,17 +165,27 @@ class NodeDriver:
         self.setup = setup
         self.teardown = teardown
         self.metrics = metrics or PluginMetrics()
-        self._locks = ClaimLocks(ledger.path.parent / "claim-locks")
+        self.claim_locks = ClaimLocks(ledger.path.parent / "claim-locks")
         self._commits = GroupCommitter(ledger)
+        # Prepared claims the API server could not confirm or deny at start.
+        self.unconfirmed: set[str] = set()
+        # The ledger was lost or corrupt: the first reconcile keeps specs it cannot attribute.
+        self._rebuild_pending = ledger.needs_rebuild
 
     # ----- DRADriver ---------------------------------------------------------
 
     async def prepare_claims(self, claims: list[ClaimRef]) -> dict[str, PrepareResult]:
-        results = await asyncio.gather(*(self._prepare_guarded(c) for c in claims))
+        try:
+            results = await asyncio.gather(*(self._prepare_guarded(c) for c in claims))
+        finally:
+            self._claims_changed()
         return {c.uid: r for c, r in zip(claims, results, strict=True)}
 
     async def unprepare_claims(self, claims: list[ClaimRef]) -> dict[str, str]:
-        errors = await asyncio.gather(*(self._unprepare_guarded(c) for c in claims))
+        try:
+            errors = await asyncio.gather(*(self._unprepare_guarded(c) for c in claims))
+        finally:
+            self._claims_changed()
         return {c.uid: e for c, e in zip(claims, errors, strict=True)}
 
     def handle_error(self, error: BaseException, context: str) -> None:
@@ -116,8 +194,12 @@ class NodeDriver:
     # ----- prepare -----------------------------------------------------------
 
     async def _prepare_guarded(self, claim: ClaimRef) -> PrepareResult:
+        problem = claim_ref_problem(claim)
+        if problem:
+            self.metrics.prepare_errors.inc()
+            return PrepareResult(error=f"ResourceClaim {claim}: {problem}")
         with self.metrics.in_flight.track_inprogress():
-            async with self._locks.hold(claim.uid):
+            async with self.claim_locks.hold(claim.uid):
                 with self.metrics.prepare_seconds.time():
                     try:
                         devices = await self._prepare(claim)
@@ -129,8 +211,6 @@ class NodeDriver:
                         self.metrics.prepare_errors.inc()
                         log.exception("prepare failed unexpectedly", claim=str(claim))
                         return PrepareResult(error=f"internal error: {e}")
-                    finally:
-                        self._claims_changed()
         self.metrics.prepares.inc()
         return PrepareResult(devices=devices)
 
@@ -142,16 +222,20 @@ class NodeDriver:
                 self.handle_error(e, "telling the device plugin about a claim change")
 
     async def _fetch_claim(self, claim: ClaimRef) -> Obj:
+        """The claim as the kubelet named it; ClaimGone or ClaimUnreadable otherwise."""
         try:
-            obj = await self.client.get_or_none(
-                path_for(RESOURCE_V1, "resourceclaims", claim.namespace, claim.name)
-            )
-        except KubeAPIError as e:
-            raise PrepareError(f"cannot read ResourceClaim {claim}: {e}") from e
+            async with asyncio.timeout(CLAIM_READ_SECONDS):
+                obj = await self.client.get_or_none(
+                    path_for(RESOURCE_V1, "resourceclaims", claim.namespace, claim.name)
+                )
+        except (KubeAPIError, httpx.HTTPError, OSError) as e:  # OSError: timeouts too
+            raise ClaimUnreadable(
+                f"cannot read ResourceClaim {claim}: {e or type(e).__name__}"
+            ) from e
         if obj is None:
-            raise PrepareError(f"ResourceClaim {claim} does not exist")
+            raise ClaimGone(f"ResourceClaim {claim} does not exist")
         if obj["metadata"]["uid"] != claim.uid:
-            raise PrepareError(
+            raise ClaimGone(
                 f"ResourceClaim {claim} was replaced: uid is {obj['metadata']['uid']}, "
                 f"the kubelet asked for {claim.uid}"
             )
@@ -184,6 +268,12 @@ class NodeDriver:
             configs = effective_configs(self.driver_name, config, requests)
         except DeviceConfigError as e:
             raise PrepareError(f"ResourceClaim {claim}: invalid opaque config: {e}") from e
+        for request in requests:
+            problem = config_problem(configs[request])
+            if problem:
+                raise PrepareError(
+                    f"ResourceClaim {claim}: invalid opaque config for request {request}: {problem}"
+                )
         planned = []
         for r in results:
             network = None
@@ -257,20 +347,44 @@ class NodeDriver:
             "DRADRIVER_CONFIG": p.config.model_dump_json(),
         }
 
+    @staticmethod
+    def _ledger_devices(
+        planned: list[PlannedDevice], ids: Mapping[str, str] | None = None
+    ) -> list[ClaimDevice]:
+        return [
+            ClaimDevice(
+                pool=p.pool,
+                device=p.device,
+                request_names=[p.request],
+                share_id=p.share_id,
+                admin_access=p.admin_access,
+                exclusive=not (p.admin_access or p.share_id),
+                cdi_ids=[ids[p.cdi_name]] if ids is not None else [],
+            )
+            for p in planned
+        ]
+
     async def _prepare(self, claim: ClaimRef) -> list[PreparedDevice]:
         obj = await self._fetch_claim(claim)
         planned = self.plan(claim, obj)
         digest = self.digest(planned)
         existing = self.ledger.get_claim(claim.uid)
         if existing is not None and existing.state == "prepared":
+            if existing.recovered and self._same_devices(existing, planned):
+                # Rebuilt from its CDI spec after the ledger was lost: set up already.
+                ids = await self._adopt(claim, planned, digest)
+                self.unconfirmed.discard(claim.uid)
+                return self._prepared(planned, ids)
             if existing.config_digest == digest:
                 # Repeated call (kubelet restart, retry): make sure the spec is still there.
                 ids = self.cdi.write_claim(claim.uid, self._cdi_devices(claim, planned))
+                self.unconfirmed.discard(claim.uid)
                 return self._prepared(planned, ids)
-            raise PrepareError(
-                f"ResourceClaim {claim} is already prepared with a different allocation or "
-                "config; unprepare it first"
-            )
+            if not existing.recovered:
+                raise PrepareError(
+                    f"ResourceClaim {claim} is already prepared with a different allocation "
+                    "or config; unprepare it first"
+                )
         if self.gate is not None:
             for p in planned:
                 if p.network is not None:
@@ -279,20 +393,10 @@ class NodeDriver:
                 if reason:
                     raise PrepareError(f"ResourceClaim {claim}: {reason}")
         if existing is not None:
-            # A half-done attempt (crash or failure): undo it before starting over.
+            # A half-done attempt (crash or failure), or a stale recovered entry: undo it
+            # before starting over.
             await self._teardown(claim, existing.uid)
-        entries = [
-            ClaimDevice(
-                pool=p.pool,
-                device=p.device,
-                request_names=[p.request],
-                share_id=p.share_id,
-                admin_access=p.admin_access,
-                exclusive=not (p.admin_access or p.share_id),
-                cdi_ids=[],
-            )
-            for p in planned
-        ]
+        entries = self._ledger_devices(planned)
         try:
             await self._commits.run(
                 lambda: self.ledger.begin_prepare(
@@ -314,9 +418,12 @@ class NodeDriver:
             ids = self.cdi.write_claim(claim.uid, cdi_devices)
             recorded = {DeviceKey(p.pool, p.device, p.share_id): [ids[p.cdi_name]] for p in planned}
             await self._commits.run(lambda: self.ledger.complete_prepare(claim.uid, recorded))
-        except (HookError, OSError, ValueError) as e:
+        except Exception as e:
+            # Whatever failed, the claim must not stay "preparing", holding its devices.
             await self._rollback(claim, planned)
-            raise PrepareError(f"ResourceClaim {claim}: {e}") from e
+            if isinstance(e, HookError | OSError | ValueError | LedgerError):
+                raise PrepareError(f"ResourceClaim {claim}: {e}") from e
+            raise
         log.info(
             "prepared",
             claim=str(claim),
@@ -324,6 +431,33 @@ class NodeDriver:
             devices=",".join(p.cdi_name for p in planned),
         )
         return self._prepared(planned, ids)
+
+    async def _adopt(
+        self, claim: ClaimRef, planned: list[PlannedDevice], digest: str
+    ) -> dict[str, str]:
+        """Record what the API server says about a claim whose devices are set up already
+        (its spec survived a lost ledger); write its spec as prepare would."""
+        ids = {p.cdi_name: self.cdi.cdi_id(claim.uid, p.cdi_name) for p in planned}
+        entry = ClaimEntry(
+            uid=claim.uid,
+            namespace=claim.namespace,
+            name=claim.name,
+            state="prepared",
+            devices=self._ledger_devices(planned, ids),
+            config_digest=digest,
+        )
+        try:
+            await self._commits.run(lambda: self.ledger.adopt_claim(entry))
+        except DeviceBusy as e:
+            text = self.gate.explain_busy(e) if self.gate is not None else str(e)
+            raise PrepareError(f"ResourceClaim {claim}: {text}") from e
+        return self.cdi.write_claim(claim.uid, self._cdi_devices(claim, planned))
+
+    @staticmethod
+    def _same_devices(entry: ClaimEntry, planned: list[PlannedDevice]) -> bool:
+        """The entry holds exactly the device uses the allocation asks for."""
+        wanted = {DeviceKey(p.pool, p.device, p.share_id) for p in planned}
+        return len(wanted) == len(entry.devices) and wanted == {d.key for d in entry.devices}
 
     def _prepared(self, planned: list[PlannedDevice], ids: dict[str, str]) -> list[PreparedDevice]:
         # The kubelet matches request names against containers' top-level requests.
@@ -335,19 +469,29 @@ class NodeDriver:
         ]
 
     async def _rollback(self, claim: ClaimRef, planned: list[PlannedDevice]) -> None:
+        """Undo a failed prepare, best effort: each step is tried even if one before failed."""
         if self.teardown is not None:
             for p in planned:
                 try:
                     await run_hook(self.teardown, self._hook_env(claim, p))
-                except HookError as e:
+                except Exception as e:
                     log.error("teardown during rollback failed", claim=str(claim), error=str(e))
-        self.cdi.remove_claim(claim.uid)
+        try:
+            self.cdi.remove_claim(claim.uid)
+        except OSError as e:
+            log.error(
+                "removing the CDI spec during rollback failed", claim=str(claim), error=str(e)
+            )
         await self._commits.run(lambda: self.ledger.remove_claim(claim.uid))
 
     # ----- unprepare ---------------------------------------------------------
 
     async def _unprepare_guarded(self, claim: ClaimRef) -> str:
-        async with self._locks.hold(claim.uid):
+        problem = claim_ref_problem(claim)
+        if problem:
+            self.metrics.unprepare_errors.inc()
+            return f"ResourceClaim {claim}: {problem}"
+        async with self.claim_locks.hold(claim.uid):
             with self.metrics.unprepare_seconds.time():
                 try:
                     await self._teardown(claim, claim.uid)
@@ -355,9 +499,6 @@ class NodeDriver:
                     self.metrics.unprepare_errors.inc()
                     log.warning("unprepare failed", claim=str(claim), error=str(e))
                     return f"ResourceClaim {claim}: {e}"
-                finally:
-                    self._claims_changed()
-        self._locks.forget(claim.uid)
         self.metrics.unprepares.inc()
         return ""
 
@@ -366,6 +507,7 @@ class NodeDriver:
         if entry is None:
             # Never prepared here, or already done: the spec may still be an orphan.
             self.cdi.remove_claim(uid)
+            self.unconfirmed.discard(uid)
             return
         await self._commits.run(lambda: self.ledger.begin_unprepare(uid))
         if self.teardown is not None:
@@ -383,6 +525,7 @@ class NodeDriver:
                 await run_hook(self.teardown, env)
         self.cdi.remove_claim(uid)
         await self._commits.run(lambda: self.ledger.remove_claim(uid))
+        self.unconfirmed.discard(uid)
         log.info("unprepared", claim=f"{entry.namespace}/{entry.name}", uid=uid)
 
     # ----- start-up reconcile ------------------------------------------------
@@ -392,45 +535,256 @@ class NodeDriver:
 
         Half-done prepares and unprepares are rolled back or finished; claims no
         longer allocated here are torn down; missing CDI specs (e.g. /var/run/cdi
-        wiped by a reboot) are written again; specs nobody owns are deleted.
+        wiped by a reboot) are written again. A claim spec the ledger does not
+        know (the ledger was lost, or the spec outlived it) is checked against the
+        API server: a claim still allocated here is adopted (its spec is proof that
+        its devices were set up, and pods may use them), a spec of a claim that is
+        gone is deleted, and while the API server cannot say, the claim is held
+        from what its spec names. A claim with no spec is in no container, so it
+        needs no hold until the kubelet prepares it. Claims the API server did not
+        answer for stay as they are, in :attr:`unconfirmed`, for
+        :meth:`confirm_claims_later`: the plugin registers without waiting.
         """
-        counts = {"kept": 0, "regenerated": 0, "torn_down": 0, "orphans": 0}
-        for entry in self.ledger.claims():
-            claim = ClaimRef(entry.namespace, entry.uid, entry.name)
-            keep = entry.state == "prepared"
-            obj: Obj | None = None
-            if keep:
-                try:
-                    obj = await self._fetch_claim(claim)
-                    planned = self.plan(claim, obj)
-                    keep = self.digest(planned) == entry.config_digest
-                except PrepareError:
-                    keep = False
-            if not keep:
-                try:
-                    await self._teardown(claim, entry.uid)
-                    counts["torn_down"] += 1
-                except (HookError, OSError) as e:
-                    log.error("reconcile teardown failed", claim=str(claim), error=str(e))
-                continue
-            had_spec = self.cdi.read_claim(entry.uid) is not None
-            assert obj is not None
-            self.cdi.write_claim(entry.uid, self._cdi_devices(claim, self.plan(claim, obj)))
-            counts["kept"] += 1
-            counts["regenerated"] += 0 if had_spec else 1
-        known = {e.uid for e in self.ledger.claims()}
-        orphans = self.cdi.claim_uids_on_disk() - known
-        if self.ledger.recovered_from_corruption is not None and orphans:
-            # The ledger lost its memory: these specs may belong to running pods. Keep
-            # them; a later prepare re-adopts a claim, an unprepare removes its spec.
+        counts = dict.fromkeys(
+            ("kept", "regenerated", "adopted", "torn_down", "orphans", "unconfirmed"), 0
+        )
+        rebuild, self._rebuild_pending = self._rebuild_pending, False
+        if rebuild:
             log.warning(
-                "ledger was recovered from corruption; keeping CDI specs it does not know",
-                specs=len(orphans),
-                kept_copy=str(self.ledger.recovered_from_corruption),
+                "no ledger to trust; rebuilding holds from the CDI specs and the API server "
+                "(on a node's first start there is nothing to rebuild)",
+                reason=self.ledger.rebuild_reason,
             )
-            orphans = set()
-        for uid in orphans:
-            self.cdi.remove_claim(uid)
-            counts["orphans"] += 1
+        entries = self.ledger.claims()
+        orphans = {
+            uid: self._claim_of_spec(uid)
+            for uid in sorted(self.cdi.claim_uids_on_disk() - {e.uid for e in entries})
+        }
+        to_read = [_ref(e) for e in entries if e.state == "prepared"]
+        to_read += [_ref(e) for e in orphans.values() if e is not None]
+        found = await self._read_claims(to_read, START_READ_BUDGET_SECONDS)
+        for entry in entries:
+            for outcome in await self._settle(_ref(entry), found.get(entry.uid)):
+                counts[outcome] += 1
+        for uid, from_spec in orphans.items():
+            for outcome in await self._settle_orphan(uid, from_spec, found.get(uid), rebuild):
+                counts[outcome] += 1
         log.info("reconciled node state", **counts)
         return counts
+
+    async def confirm_unconfirmed(self) -> int:
+        """Ask the API server once more about the claims it could not answer for;
+        returns how many are still unconfirmed."""
+        claims = [_ref(e) for uid in sorted(self.unconfirmed) if (e := self.ledger.get_claim(uid))]
+        self.unconfirmed &= {c.uid for c in claims}
+        found = await self._read_claims(claims, START_READ_BUDGET_SECONDS)
+        for claim in claims:
+            await self._settle(claim, found.get(claim.uid))
+        return len(self.unconfirmed)
+
+    async def confirm_claims_later(self, first: float = 1.0, longest: float = 300.0) -> None:
+        """Retry :meth:`confirm_unconfirmed` with exponential backoff until none is left."""
+        delay = first
+        while self.unconfirmed:
+            await asyncio.sleep(delay)
+            try:
+                left = await self.confirm_unconfirmed()
+            except Exception as e:  # keep the holds and try again
+                self.handle_error(e, "confirming claims with the API server")
+                left = len(self.unconfirmed)
+            if left:
+                log.info("claims still unconfirmed by the API server", claims=left)
+            delay = min(delay * 2, longest)
+
+    async def _read_claims(
+        self, claims: list[ClaimRef], budget: float
+    ) -> dict[str, Obj | PrepareError]:
+        """Each claim's object, or why not; a claim not answered within ``budget`` is
+        ClaimUnreadable (the start must not wait for a slow API server)."""
+        found: dict[str, Obj | PrepareError] = {
+            c.uid: ClaimUnreadable(f"ResourceClaim {c} was not read within {budget:.0f}s")
+            for c in claims
+        }
+        limit = asyncio.Semaphore(READ_CONCURRENCY)
+
+        async def read(claim: ClaimRef) -> None:
+            async with limit:
+                try:
+                    found[claim.uid] = await self._fetch_claim(claim)
+                except PrepareError as e:
+                    found[claim.uid] = e
+
+        try:
+            async with asyncio.timeout(budget):
+                await asyncio.gather(*(read(c) for c in claims))
+        except TimeoutError:
+            log.warning("the API server did not answer for every claim in time", budget=budget)
+        return found
+
+    async def _settle(self, claim: ClaimRef, found: Obj | PrepareError | None) -> list[str]:
+        """Decide about one ledger entry from what the API server said; the count keys."""
+        async with self.claim_locks.hold(claim.uid):
+            entry = self.ledger.get_claim(claim.uid)
+            if entry is None:
+                self.unconfirmed.discard(claim.uid)
+                return []  # unprepared meanwhile (by another plugin instance)
+            if entry.state == "prepared":
+                if found is None or isinstance(found, ClaimUnreadable):
+                    # Unknown is not gone: keep the claim, its hold and its spec.
+                    log.warning(
+                        "cannot confirm a prepared claim; keeping it and asking again later",
+                        claim=str(claim),
+                        uid=claim.uid,
+                        error=str(found) if found is not None else "not read",
+                    )
+                    self.unconfirmed.add(claim.uid)
+                    return ["unconfirmed"]
+                self.unconfirmed.discard(claim.uid)
+                planned = self._plan_or_none(claim, found)
+                if planned is not None and entry.recovered and self._same_devices(entry, planned):
+                    return await self._adopted(claim, planned)
+                if planned is not None and self.digest(planned) == entry.config_digest:
+                    had_spec = self._has_spec(claim.uid)
+                    self.cdi.write_claim(claim.uid, self._cdi_devices(claim, planned))
+                    return ["kept"] if had_spec else ["kept", "regenerated"]
+            # Half done, gone, or no longer allocated here as it was prepared.
+            try:
+                await self._teardown(claim, claim.uid)
+            except (HookError, OSError) as e:
+                log.error("reconcile teardown failed", claim=str(claim), error=str(e))
+                return []
+            return ["torn_down"]
+
+    async def _settle_orphan(
+        self,
+        uid: str,
+        from_spec: ClaimEntry | None,
+        found: Obj | PrepareError | None,
+        rebuild: bool,
+    ) -> list[str]:
+        """Decide about a claim spec the ledger does not know; the count keys."""
+        async with self.claim_locks.hold(uid):
+            if self.ledger.get_claim(uid) is not None:
+                return []  # prepared meanwhile (by another plugin instance)
+            if from_spec is None:
+                if rebuild:
+                    log.warning("keeping a CDI spec that names no claim", uid=uid)
+                    return []
+                self.cdi.remove_claim(uid)
+                return ["orphans"]
+            claim = _ref(from_spec)
+            if found is None or isinstance(found, ClaimUnreadable):
+                try:
+                    await self._commits.run(lambda: self.ledger.adopt_claim(from_spec))
+                except DeviceBusy as e:
+                    log.error("cannot hold the devices a CDI spec names", uid=uid, error=str(e))
+                    return []
+                log.warning(
+                    "holding what a CDI spec names until the API server confirms its claim",
+                    claim=str(claim),
+                    uid=uid,
+                    error=str(found) if found is not None else "not read",
+                )
+                self.unconfirmed.add(uid)
+                return ["unconfirmed"]
+            planned = self._plan_or_none(claim, found)
+            if planned is None:
+                self.cdi.remove_claim(uid)  # gone, or not allocated here any more
+                return ["orphans"]
+            if not self._same_devices(from_spec, planned):
+                # Allocated here again, to other devices: not prepared for those yet,
+                # and a spec of a claim allocated here is never deleted.
+                log.warning("keeping a CDI spec of an earlier allocation", claim=str(claim))
+                return []
+            return await self._adopted(claim, planned)
+
+    async def _adopted(self, claim: ClaimRef, planned: list[PlannedDevice]) -> list[str]:
+        try:
+            await self._adopt(claim, planned, self.digest(planned))
+        except PrepareError as e:
+            log.error("cannot adopt a prepared claim", claim=str(claim), error=str(e))
+            return []
+        return ["adopted"]
+
+    def _plan_or_none(
+        self, claim: ClaimRef, found: Obj | PrepareError
+    ) -> list[PlannedDevice] | None:
+        """The claim's devices here, or None if it is gone or not allocated here as planned."""
+        if isinstance(found, PrepareError):
+            return None
+        try:
+            return self.plan(claim, found)
+        except PrepareError:
+            return None
+
+    def _has_spec(self, uid: str) -> bool:
+        try:
+            return self.cdi.read_claim(uid) is not None
+        except CDIError:
+            return False  # unreadable: written again
+
+    def _claim_of_spec(self, uid: str) -> ClaimEntry | None:
+        """A recovered ledger entry rebuilt from the claim's CDI spec alone, or None if the
+        spec does not say whose it is.
+
+        Device names on disk are ``<uid>-<device>[-<share id>]`` and every device
+        carries ``DRADRIVER_CLAIM=<namespace>/<name>`` (network devices also their
+        pool and device). Admin access is not visible there: such a use is held as
+        exclusive until the API server says otherwise.
+        """
+        try:
+            spec = self.cdi.read_claim(uid)
+        except (CDIError, OSError) as e:
+            log.warning("unreadable CDI spec", uid=uid, error=str(e))
+            return None
+        if spec is None:
+            return None
+        prefix, owner, devices = f"{uid}-", "", []
+        for item in spec["devices"]:
+            env = _spec_env(item)
+            owner = owner or env.get("DRADRIVER_CLAIM", "")
+            cdi_name = str(item["name"]).removeprefix(prefix)
+            if "DRADRIVER_NETWORK_DEVICE" in env:
+                pool, device = (
+                    env.get("DRADRIVER_NETWORK_POOL", ""),
+                    env["DRADRIVER_NETWORK_DEVICE"],
+                )
+            else:
+                pool, device = self.inventory.pool, self._device_named(cdi_name)
+            share = cdi_name.removeprefix(f"{device}-") if cdi_name != device else None
+            devices.append(
+                {
+                    "pool": pool,
+                    "device": device,
+                    "share_id": share,
+                    "cdi_ids": [self.cdi.cdi_id(uid, cdi_name)],
+                }
+            )
+        namespace, _, name = owner.partition("/")
+        if claim_ref_problem(ClaimRef(namespace, uid, name)):
+            return None
+        try:
+            return ClaimEntry.model_validate(
+                {
+                    "uid": uid,
+                    "namespace": namespace,
+                    "name": name,
+                    "state": "prepared",
+                    "devices": devices,
+                    "recovered": True,
+                }
+            )
+        except ValueError as e:
+            log.warning("CDI spec does not describe a claim", uid=uid, error=str(e))
+            return None
+
+    def _device_named(self, cdi_name: str) -> str:
+        """The inventory device a CDI device name stands for (``<device>-<share id>``)."""
+        if cdi_name in self.inventory.devices:
+            return cdi_name
+        prefixes = [d for d in self.inventory.devices if cdi_name.startswith(f"{d}-")]
+        return max(prefixes, key=len) if prefixes else cdi_name
+
+
+def _ref(entry: ClaimEntry) -> ClaimRef:
+    return ClaimRef(entry.namespace, entry.uid, entry.name)

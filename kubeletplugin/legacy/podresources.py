@@ -237,6 +237,23 @@ class HoldReconciler:
             self.on_pass()
         return plan
 
+    async def prime(self) -> None:
+        """One pass before the device plugin serves: what the kubelet reports in use that
+        no hold covers (the ledger was lost) is held again before Allocate can give it out.
+        A kubelet that cannot answer yet is logged; the periodic passes catch up."""
+        try:
+            plan = await self.reconcile_once()
+        except (grpc.aio.AioRpcError, OSError) as e:
+            error = e.details() if isinstance(e, grpc.aio.AioRpcError) else str(e)
+            log.warning(
+                "cannot list pod resources before serving; device-plugin holds the ledger "
+                "lost are taken back once it answers",
+                socket=str(self.client.socket),
+                error=error,
+            )
+            return
+        log.info("pod resources listed before serving", adopted=len(plan.adopt))
+
     async def run(self) -> None:
         while True:
             try:

@@ -160,6 +160,8 @@ class DevicePluginShim:
         self._owners: dict[str, Assignment] = {}
         self._hidden_from_dra: frozenset[str] = frozenset()
         self._warned_overlap: set[str] = set()
+        # The ledger was lost or corrupt: the first reconcile_cdi rebuilds holds from specs.
+        self._rebuild_pending = ledger.needs_rebuild
         self.check_overlaps()
 
     # ----- devices per resource ------------------------------------------------
@@ -648,9 +650,10 @@ class DevicePluginShim:
         self.refresh()
 
     def reconcile_cdi(self) -> dict[str, int]:
-        """At start: rewrite missing allocation specs (a reboot wipes /var/run/cdi), delete
-        specs without a hold (unless the ledger was rebuilt after corruption)."""
-        counts = {"holds": 0, "regenerated": 0, "orphans": 0}
+        """At start: rewrite missing allocation specs (a reboot wipes /var/run/cdi). A spec
+        without a hold is deleted, unless the ledger was lost: then the spec is what
+        survives of an allocation a container may use, and its hold is rebuilt from it."""
+        counts = {"holds": 0, "regenerated": 0, "rebuilt": 0, "orphans": 0}
         holds = self.ledger.plugin_holds()
         for hold in holds:
             counts["holds"] += 1
@@ -666,12 +669,50 @@ class DevicePluginShim:
             )
             counts["regenerated"] += 1
         orphans = self.cdi.claim_uids_on_disk() - {h.pod_uid for h in holds}
-        if self.ledger.recovered_from_corruption is None:
-            for alloc_id in sorted(orphans):
+        rebuild, self._rebuild_pending = self._rebuild_pending, False
+        for alloc_id in sorted(orphans):
+            if not rebuild:
                 self.cdi.remove_claim(alloc_id)
                 counts["orphans"] += 1
+            elif self._rebuild_hold(alloc_id):
+                counts["rebuilt"] += 1
         log.info("reconciled device-plugin state", **counts)
         return counts
+
+    def _rebuild_hold(self, alloc_id: str) -> bool:
+        """Hold the devices an allocation spec names (``<alloc id>-<device>``, with the
+        resource in DRADRIVER_RESOURCE); the pod-resources poll releases the hold once no
+        container reports them."""
+        try:
+            spec = self.cdi.read_claim(alloc_id)
+        except CDIError as e:
+            log.warning("keeping an unreadable allocation spec", allocation=alloc_id, error=str(e))
+            return False
+        resources: set[str] = set()
+        refs: list[DeviceRef] = []
+        for item in (spec or {}).get("devices", []):
+            env = item.get("containerEdits", {}).get("env", [])
+            resources.update(e.split("=", 1)[1] for e in env if e.startswith("DRADRIVER_RESOURCE="))
+            name = str(item.get("name", "")).removeprefix(f"{alloc_id}-")
+            refs.append(DeviceRef(pool=self.pool, device=name))
+        if len(resources) != 1 or not resources <= set(self.resource_names):
+            log.warning(
+                "keeping an allocation spec of no resource served here", allocation=alloc_id
+            )
+            return False
+        try:
+            self.ledger.begin_plugin_hold(resources.pop(), alloc_id, UNKNOWN_CONTAINER, refs)
+        except (DeviceBusy, LedgerError) as e:
+            self.metrics.dp_conflicts.inc()
+            log.error(
+                "DOUBLE ALLOCATION: an allocation spec names a device someone else holds",
+                allocation=alloc_id,
+                error=str(e),
+            )
+            return False
+        self.ledger.complete_plugin_hold(alloc_id, UNKNOWN_CONTAINER)
+        log.warning("rebuilt a device-plugin hold from its CDI spec", allocation=alloc_id)
+        return True
 
     # ----- lifecycle -----------------------------------------------------------
 

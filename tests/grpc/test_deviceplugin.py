@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable
+import threading
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -330,6 +331,33 @@ def test_preferred_allocation_is_topology_aware(sock_dir: Path) -> None:
     run(sock_dir, body)
 
 
+def test_preferred_allocation_is_bounded_by_the_devices_and_runs_off_the_loop(
+    sock_dir: Path,
+) -> None:
+    async def body(env: Env) -> None:
+        loop_thread = threading.get_ident()
+        threads: list[int] = []
+        choose = env.shim.preferred
+
+        def recording(
+            resource: str, available: Sequence[str], must: Sequence[str], size: int
+        ) -> list[str]:
+            threads.append(threading.get_ident())
+            assert len(available) == 2 and must == []  # what was never listed is dropped
+            return choose(resource, available, must, size)
+
+        env.shim.preferred = recording  # type: ignore[method-assign,assignment]
+        ghosts = [f"ghost-{i}" for i in range(6000)]
+        assert await preferred(env, [*ghosts, "dev-3", "dev-0"], ghosts[:10], 1) == ["dev-0"]
+        assert threads and loop_thread not in threads
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await preferred(env, ["dev-0"], [], 5)  # more than the resource has
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "allocation size 5 is not between 0 and the 4 devices" in str(err.value.details())
+
+    run(sock_dir, body)
+
+
 def test_allocate_returns_cdi_ids_and_edits_and_records_a_hold(sock_dir: Path) -> None:
     async def body(env: Env) -> None:
         await env.kubelet.next_registration()
@@ -552,6 +580,32 @@ def test_pod_resources_release_adoption_and_conflicts(sock_dir: Path) -> None:
     run(sock_dir, body)
 
 
+def test_assignments_the_kubelet_reports_are_held_before_the_plugin_serves(
+    sock_dir: Path,
+) -> None:
+    """The ledger and the CDI specs are gone (a lost ledger after a reboot's wipe of
+    /var/run/cdi): pod-resources is what remains of a running container's devices."""
+
+    async def main() -> None:
+        shim = make_shim(sock_dir, "shared")
+        async with pod_resources(sock_dir) as (fake, client):
+            fake.containers = [("ns", "legacy", "main", RESOURCE, ["dev-1"])]
+            await HoldReconciler(shim, client, interval=1, grace=60).prime()
+            assert [[r.device for r in h.devices] for h in shim.ledger.plugin_holds()] == [
+                ["dev-1"]
+            ]
+            with pytest.raises(DeviceBusy, match="device-plugin resource"):
+                shim.ledger.begin_prepare(
+                    "uid-1", "ns", "c", [ClaimDevice(pool=NODE, device="dev-1")]
+                )
+        # No kubelet to ask: logged, nothing changes, nothing raises.
+        await HoldReconciler(
+            shim, PodResourcesClient(sock_dir / "absent.sock"), interval=1, grace=60
+        ).prime()
+
+    asyncio.run(main())
+
+
 def test_holds_are_kept_while_the_kubelet_settles_and_released_after_grace(sock_dir: Path) -> None:
     async def body(env: Env) -> None:
         await env.kubelet.next_registration()
@@ -587,6 +641,7 @@ def test_partitioned_mode_keeps_the_sets_apart(sock_dir: Path) -> None:
 
 def test_start_reconciles_allocation_specs(sock_dir: Path) -> None:
     async def body(env: Env) -> None:
+        env.shim.reconcile_cdi()  # the start of a fresh node: nothing to rebuild
         await env.kubelet.next_registration()
         response = await allocate(env, "dev-0")
         alloc = response.annotations[f"{DRIVER}/allocation"]
@@ -595,7 +650,7 @@ def test_start_reconciles_allocation_specs(sock_dir: Path) -> None:
         orphan = CDIDevice("dev-3", ContainerEdits(env={"X": "1"}))
         env.cdi.write_claim("alloc-orphan", [orphan])  # a spec without a hold
         counts = env.shim.reconcile_cdi()
-        assert counts == {"holds": 1, "regenerated": 1, "orphans": 1}
+        assert counts == {"holds": 1, "regenerated": 1, "rebuilt": 0, "orphans": 1}
         assert env.cdi.read_claim(alloc) == spec
         assert env.cdi.claim_uids_on_disk() == {alloc}
 
