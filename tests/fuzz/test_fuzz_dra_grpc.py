@@ -174,12 +174,6 @@ def test_every_request_gets_a_status_and_the_server_keeps_serving(
     plugin.still_serving()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="gRPC per-claim errors (being fixed in parallel): a claim UID the claim locks "
-    "refuse (empty, '/', over 128 characters, ...) fails the whole NodePrepareResources / "
-    "NodeUnprepareResources call with UNKNOWN instead of an error for that claim",
-)
 @settings(FUZZ, derandomize=True, max_examples=100, deadline=None, report_multiple_bugs=False)
 @given(data=st.data(), version=st.sampled_from(list(VERSIONS)), method=st.sampled_from(METHODS))
 def test_every_claim_gets_its_own_answer(

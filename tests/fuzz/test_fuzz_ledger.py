@@ -9,7 +9,6 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-import pytest
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
@@ -171,12 +170,6 @@ def test_a_well_formed_file_with_any_data_loads_or_is_kept_aside(raw: bytes) -> 
     check_load(raw)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=RecursionError,
-    reason="ledger finding (being fixed in parallel): json.loads of a ledger nested deeper "
-    "than ~990 levels raises RecursionError out of Ledger.load instead of quarantining it",
-)
 @settings(FUZZ, derandomize=True, max_examples=20, deadline=None)
 @given(depth=deep_depths, where=st.sampled_from(["top", "data"]))
 def test_a_deeply_nested_file_is_kept_aside(depth: int, where: str) -> None:
