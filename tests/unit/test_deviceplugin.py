@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -22,6 +21,7 @@ from dradriver.devices.topology import (
 )
 from dradriver.host.ledger import DeviceRef, PluginHold
 from kubeletplugin.legacy.podresources import Assignment, ReconcilePlan, plan_reconcile
+from tests.stepcount import python_calls
 
 DRIVER = "dradriver.dev"
 RES = "dradriver.dev/mock"
@@ -253,23 +253,6 @@ def test_preferred_allocation_makes_the_choices_the_plain_rules_make(
     assert preferred_allocation(available, must, size, topology, avoid) == (
         reference_preferred_allocation(available, must, size, topology, avoid)
     )
-
-
-def python_calls(work: Callable[[], object]) -> int:
-    """Python function calls made while ``work`` runs: a step count, not a clock."""
-    calls = 0
-
-    def count(frame: object, event: str, arg: object) -> None:
-        nonlocal calls
-        if event == "call":
-            calls += 1
-
-    sys.setprofile(count)
-    try:
-        work()
-    finally:
-        sys.setprofile(None)
-    return calls
 
 
 @pytest.mark.parametrize("topology", ["none", "8x8"])

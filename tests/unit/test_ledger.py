@@ -7,7 +7,6 @@ import json
 import logging
 import os
 import stat
-import sys
 import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -35,6 +34,7 @@ from dradriver.host.ledger import (
     UnknownPluginHoldError,
     checksum,
 )
+from tests.stepcount import python_calls
 
 pytestmark = pytest.mark.unit
 
@@ -373,23 +373,6 @@ def test_a_file_deleted_under_a_running_plugin_is_written_again(path: Path) -> N
     path.unlink()
     assert ledger.held_devices() == {("pool-a", "dev-0")}  # not forgotten
     assert Ledger.load(path).get_claim("uid-1") is not None
-
-
-def python_calls(work: Callable[[], object]) -> int:
-    """Python function calls made while ``work`` runs: a step count, not a clock."""
-    calls = 0
-
-    def count(frame: object, event: str, arg: object) -> None:
-        nonlocal calls
-        if event == "call":
-            calls += 1
-
-    sys.setprofile(count)
-    try:
-        work()
-    finally:
-        sys.setprofile(None)
-    return calls
 
 
 def test_a_transaction_costs_linear_steps_in_the_claims_it_changes(tmp_path: Path) -> None:
