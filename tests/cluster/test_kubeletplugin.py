@@ -771,8 +771,9 @@ def test_failed_setup_is_rolled_back(published: NodePlugin, api: AdminAPI, names
     assert len(hook_lines(published, "teardown", uid)) >= 1
 
 
-def test_corrupt_ledger_is_kept_aside_and_nothing_is_lost(
-    published: NodePlugin, api: AdminAPI, namespace: str
+@pytest.mark.parametrize("loss", ["corrupt", "missing"])
+def test_a_lost_ledger_is_rebuilt_and_nothing_is_lost(
+    published: NodePlugin, api: AdminAPI, namespace: str, loss: str
 ) -> None:
     make_template(api, namespace, "one", claim_spec("plain"))
     make_pod(api, namespace, "p", template="one")
@@ -780,15 +781,23 @@ def test_corrupt_ledger_is_kept_aside_and_nothing_is_lost(
     uid = pod_claim(api, namespace, "p")["metadata"]["uid"]
     published.stop()
     path = published.state_dir / "ledger.json"
-    path.write_text(path.read_text().replace('"prepared"', '"prepaXed"'))
+    if loss == "corrupt":
+        path.write_text(path.read_text().replace('"prepared"', '"prepaXed"'))
+    else:
+        path.unlink()
     published.start()
     published.wait_ready()
-    assert list(published.state_dir.glob("ledger.json.corrupt-*")), "no copy of the bad file"
+    if loss == "corrupt":
+        assert list(published.state_dir.glob("ledger.json.corrupt-*")), "no copy of the bad file"
     assert cdi(published).read_claim(uid) is not None, "a running pod's CDI spec was deleted"
+    # The hold is back, from the spec and the apiserver, with no setup hook run again.
+    entry = ledger(published).get_claim(uid)
+    assert entry is not None and entry.state == "prepared" and not entry.recovered
+    assert len(hook_lines(published, "setup", uid)) == 1
     wait_pod_gone(api, namespace, "p")
-    wait_until(
-        "the spec removed by unprepare", lambda: cdi(published).read_claim(uid) is None, DEADLINE
-    )
+    wait_until("claim unprepared", lambda: ledger(published).get_claim(uid) is None, DEADLINE)
+    assert cdi(published).read_claim(uid) is None
+    assert len(hook_lines(published, "teardown", uid)) == 1
 
 
 def test_rolling_update_hands_over_without_a_gap(
