@@ -25,7 +25,7 @@ object that does not exist is admitted: the controller reports it on the claim.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,6 +35,7 @@ from dradriver.api import parameters as params
 from dradriver.cel import validate_selector
 from dradriver.errors import FieldError, render, under
 from dradriver.k8s.objects import Obj
+from dradriver.webhook.registration import device_classes
 
 RESOURCE_GROUP = "resource.k8s.io"
 CLAIM_KIND = "ResourceClaim"
@@ -46,10 +47,18 @@ KINDS = (params.KIND, net.KIND, CLAIM_KIND, TEMPLATE_KIND)
 @dataclass(frozen=True)
 class Settings:
     """``driver``: the opaque config driver name and the parameters' API group;
-    ``device_classes``: the DeviceClasses whose requests get their selectors compiled."""
+    ``device_classes``: the DeviceClasses whose requests get their selectors compiled (by
+    default those the driver's manifests install, which the registration's
+    ``matchConditions`` name too)."""
 
     driver: str = DEFAULT_DRIVER_NAME
-    device_classes: frozenset[str] = frozenset({DEFAULT_DRIVER_NAME})
+    device_classes: frozenset[str] = frozenset(device_classes(DEFAULT_DRIVER_NAME))
+
+    @classmethod
+    def for_driver(cls, driver: str, classes: Iterable[str] | None = None) -> Settings:
+        """Settings for ``driver``; ``classes`` default: :func:`~dradriver.webhook.
+        registration.device_classes`."""
+        return cls(driver, frozenset(device_classes(driver) if classes is None else classes))
 
 
 @dataclass(frozen=True)

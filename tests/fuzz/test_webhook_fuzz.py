@@ -11,11 +11,14 @@ from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from devtools.harness.webhook import webhook_configuration
 from dradriver.api import networkpool as net
 from dradriver.api import parameters as params
+from dradriver.k8s.objects import Obj
 from dradriver.webhook.app import build_app
 from dradriver.webhook.review import valid_text
-from dradriver.webhook.validation import Settings
+from dradriver.webhook.validation import Settings, validate
+from tests.fakes.admission import Decision, decide
 
 DRIVER = "dradriver.dev"
 API_VERSION = f"{DRIVER}/{params.VERSION}"
@@ -174,6 +177,12 @@ pool_specs = st.fixed_dictionaries(
         "nodeSelector": json_values,
     },
 )
+RESOURCES = {
+    "ResourceClaim": "resourceclaims",
+    "ResourceClaimTemplate": "resourceclaimtemplates",
+    params.KIND: params.PLURAL,
+    net.KIND: net.PLURAL,
+}
 KIND_REFS = {
     "ResourceClaim": {"group": "resource.k8s.io", "version": "v1", "kind": "ResourceClaim"},
     "ResourceClaimTemplate": {
@@ -298,3 +307,107 @@ def test_deep_nesting(depth: int, field: str, brackets: tuple[str, str]) -> None
     )
     response = answer(content.encode())
     assert response["uid"] == ("u" if field != "uid" and depth < 900 else response["uid"])
+
+
+# Claims as the apiserver's schema lets them through (it validates before validating
+# webhooks are called): the structure is fixed, opaque parameters and selectors are free.
+schema_valid_exact = st.fixed_dictionaries(
+    {"deviceClassName": names.filter(bool)},
+    optional={
+        "selectors": st.lists(
+            st.fixed_dictionaries({"cel": st.fixed_dictionaries({"expression": selectors})}),
+            max_size=2,
+        ),
+        "count": st.integers(min_value=1, max_value=4),
+    },
+)
+schema_valid_specs = st.fixed_dictionaries(
+    {
+        "devices": st.fixed_dictionaries(
+            {},
+            optional={
+                "requests": st.lists(
+                    st.one_of(
+                        st.fixed_dictionaries(
+                            {"name": st.just("r"), "exactly": schema_valid_exact}
+                        ),
+                        st.fixed_dictionaries(
+                            {
+                                "name": st.just("r"),
+                                "firstAvailable": st.lists(
+                                    schema_valid_exact.map(lambda e: {"name": "s", **e}),
+                                    min_size=1,
+                                    max_size=3,
+                                ),
+                            }
+                        ),
+                    ),
+                    max_size=3,
+                ),
+                "config": st.lists(
+                    st.fixed_dictionaries(
+                        {
+                            "opaque": st.fixed_dictionaries(
+                                {
+                                    "driver": names.filter(bool),
+                                    "parameters": maybe(opaque_parameters),
+                                }
+                            )
+                        },
+                        optional={"requests": st.lists(st.just("r"), max_size=1)},
+                    ),
+                    max_size=3,
+                ),
+            },
+        )
+    }
+)
+
+
+@st.composite
+def admission_requests(draw: st.DrawFn) -> Any:
+    """AdmissionRequests as the apiserver sends them after its own checks: a kind this
+    webhook is registered for, CREATE or UPDATE, a schema-valid claim (template) or a
+    fuzzed spec of our CRDs (their schema is ours: the webhook checks it again)."""
+    kind = draw(st.sampled_from(sorted(KIND_REFS)))
+    ref = KIND_REFS[kind]
+
+    def new_object() -> Obj:
+        metadata = {"name": "x", "finalizers": draw(st.lists(st.just("f"), max_size=1))}
+        if kind == "ResourceClaim":
+            return {"metadata": metadata, "spec": draw(schema_valid_specs)}
+        if kind == "ResourceClaimTemplate":
+            return {"metadata": metadata, "spec": {"spec": draw(schema_valid_specs)}}
+        spec = draw(spec_fields if kind == params.KIND else pool_specs)
+        return {"metadata": metadata, "spec": spec}
+
+    obj = new_object()
+    operation = draw(st.sampled_from(["CREATE", "UPDATE"]))
+    old = None
+    if operation == "UPDATE":  # the same spec (a metadata change) or another one
+        old = {**obj, "metadata": {"name": "x"}} if draw(st.booleans()) else new_object()
+    return {
+        "uid": "u",
+        "kind": ref,
+        "resource": {"group": ref["group"], "version": ref["version"], "resource": RESOURCES[kind]},
+        "operation": operation,
+        "object": obj,
+        "oldObject": old,
+    }
+
+
+(WEBHOOK,) = webhook_configuration("fuzz", "https://x/validate", b"")["webhooks"]
+
+
+@FUZZ
+@given(admission_requests())
+def test_what_the_match_conditions_skip_the_webhook_would_admit(request: Any) -> None:
+    """The matchConditions only keep away requests that do not concern the driver: had the
+    webhook been called for a skipped request, it would have admitted it. And they never
+    fail to evaluate on what the apiserver admits, which failurePolicy Fail would make a
+    denial of any claim, other drivers' included."""
+    decision = decide(WEBHOOK, request)
+    assert decision != Decision.ERROR
+    if decision == Decision.SKIP:
+        verdict = validate(Settings(), request)
+        assert verdict.allowed, verdict.message

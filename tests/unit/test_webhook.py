@@ -811,6 +811,7 @@ def test_manifest_matches_the_registration_rules() -> None:
     (hook,) = docs["ValidatingWebhookConfiguration"]["webhooks"]
     expected = webhook_configuration("x", "https://unused", b"")["webhooks"][0]
     assert hook["rules"] == expected["rules"]
+    assert hook["matchConditions"] == expected["matchConditions"]
     assert hook["name"] == expected["name"]
     service = hook["clientConfig"]["service"]
     assert (service["namespace"], service["name"]) == (
