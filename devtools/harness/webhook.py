@@ -8,18 +8,21 @@ registered with ``clientConfig.url``.
 NetworkDevicePools are cluster-scoped, and a ``namespaceSelector`` never skips a
 cluster-scoped object; so a configuration scoped by namespace labels (tests sharing a
 cluster) gets a second webhook for them, scoped by the same labels on the object.
+
+The rules and ``matchConditions`` (only what concerns the driver reaches the webhook) come
+from :mod:`dradriver.webhook.registration`, as in ``manifests/controller/webhook.yaml``.
 """
 
 from __future__ import annotations
 
 import base64
+from collections.abc import Sequence
 from pathlib import Path
 
 from devtools.cluster.pki import CertificateAuthority, CertPair
 from dradriver import DEFAULT_DRIVER_NAME
-from dradriver.api import networkpool as net
-from dradriver.api import parameters as params
 from dradriver.k8s.objects import Obj
+from dradriver.webhook import registration
 
 WEBHOOK_NAME = "validate.dradriver.dev"
 CLUSTER_WEBHOOK_NAME = "cluster.validate.dradriver.dev"
@@ -39,31 +42,7 @@ def issue_serving_cert(pki_dir: Path, out_dir: Path, host: str = "127.0.0.1") ->
 
 def rules(driver: str = DEFAULT_DRIVER_NAME, scope: str | None = None) -> list[Obj]:
     """The rules of the webhook; ``scope`` ("Namespaced" or "Cluster") keeps only those."""
-    operations = ["CREATE", "UPDATE"]
-    every = [
-        {
-            "apiGroups": ["resource.k8s.io"],
-            "apiVersions": ["v1"],  # matchPolicy Equivalent converts v1beta* requests to v1
-            "operations": operations,
-            "resources": ["resourceclaims", "resourceclaimtemplates"],
-            "scope": "Namespaced",
-        },
-        {
-            "apiGroups": [driver],
-            "apiVersions": [params.VERSION],
-            "operations": operations,
-            "resources": [params.PLURAL],
-            "scope": "Namespaced",
-        },
-        {
-            "apiGroups": [driver],
-            "apiVersions": [net.VERSION],
-            "operations": operations,
-            "resources": [net.PLURAL],
-            "scope": "Cluster",
-        },
-    ]
-    return [r for r in every if scope is None or r["scope"] == scope]
+    return registration.rules(driver, scope)
 
 
 def webhook_configuration(
@@ -73,6 +52,7 @@ def webhook_configuration(
     *,
     namespace_labels: dict[str, str] | None = None,
     driver: str = DEFAULT_DRIVER_NAME,
+    device_classes: Sequence[str] | None = None,
     timeout_seconds: int = 10,
     failure_policy: str = "Fail",
 ) -> Obj:
@@ -80,7 +60,8 @@ def webhook_configuration(
 
     ``namespace_labels`` scopes it: namespaced objects by their namespace's labels,
     cluster-scoped ones (NetworkDevicePools) by their own labels, in a second webhook
-    named :data:`CLUSTER_WEBHOOK_NAME`.
+    named :data:`CLUSTER_WEBHOOK_NAME`. ``device_classes`` (default: those the driver's
+    manifests install) are named in the ``matchConditions``.
     """
 
     def webhook(name: str, scope: str | None) -> Obj:
@@ -93,6 +74,7 @@ def webhook_configuration(
             "timeoutSeconds": timeout_seconds,
             "clientConfig": {"url": url, "caBundle": base64.b64encode(ca_bundle).decode()},
             "rules": rules(driver, scope),
+            "matchConditions": registration.match_conditions(driver, device_classes),
         }
 
     if namespace_labels:

@@ -10,13 +10,24 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from dradriver.devices import names
 from dradriver.errors import FieldError, FieldErrors, from_validation_error
 
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# fullmatch: with re.match, "$" also matches before a trailing newline ("A\n" would pass).
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def _profile(value: str) -> str:
+    # The README promises a DNS label, and the value reaches the setup hook (run as root) as
+    # DRADRIVER_PROFILE: the same rule as DeviceClaimParameters' spec.profile.
+    return names.validate_dns_label(value, "profile")
+
+
+Profile = Annotated[str, AfterValidator(_profile)]
 
 
 class DeviceConfigError(FieldErrors):
@@ -33,8 +44,8 @@ class DeviceConfig(BaseModel):
     env: dict[str, str] = Field(
         default_factory=dict, description="extra environment for containers using the device"
     )
-    profile: str | None = Field(
-        default=None, max_length=63, description="passed to setup hooks as DRADRIVER_PROFILE"
+    profile: Profile | None = Field(
+        default=None, description="passed to setup hooks as DRADRIVER_PROFILE (a DNS label)"
     )
     setup_args: list[str] = Field(default_factory=list, alias="setupArgs", max_length=32)
 
@@ -42,7 +53,7 @@ class DeviceConfig(BaseModel):
     @classmethod
     def _env_names(cls, value: dict[str, str]) -> dict[str, str]:
         for name in value:
-            if not _ENV_NAME.match(name):
+            if not _ENV_NAME.fullmatch(name):
                 raise ValueError(f"{name!r} is not a valid environment variable name")
         return value
 

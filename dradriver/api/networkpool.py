@@ -335,7 +335,12 @@ def parse_status(obj: Mapping[str, Any]) -> NetworkDevicePoolStatus:
 
 
 def validate_object(obj: Mapping[str, Any]) -> NetworkDevicePoolSpec:
-    name = (obj.get("metadata") or {}).get("name", "")
+    metadata = obj.get("metadata") or {}
+    if not isinstance(metadata, Mapping):
+        raise NetworkPoolError(FieldError("metadata", "must be an object"))
+    name = metadata.get("name", "")
+    if not isinstance(name, str):
+        raise NetworkPoolError(FieldError("metadata.name", "must be a string"))
     try:
         names.validate_dns_label(name, "NetworkDevicePool name")
     except ValueError as e:

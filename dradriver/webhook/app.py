@@ -1,21 +1,24 @@
 """The webhook's FastAPI app: ``POST /validate`` (AdmissionReview v1), health and metrics.
 
-``/validate`` answers every well-formed ``admission.k8s.io/v1`` AdmissionReview
-with HTTP 200 and ``response.allowed``; a denial carries ``status.code`` 422,
+``/validate`` answers every body with HTTP 200 and an ``admission.k8s.io/v1``
+AdmissionReview (:mod:`~dradriver.webhook.review`): a denial carries ``status.code`` 422,
 ``reason: Invalid`` and a message naming the fields, which kubectl prints as
-``admission webhook "..." denied the request: <message>``. A body that is not an
-AdmissionReview gets HTTP 400. An internal error denies (the same outcome as the
+``admission webhook "..." denied the request: <message>``. A body that is not a
+well-formed AdmissionReview is denied with ``status.code`` 400, ``reason: BadRequest`` and a
+message naming what is malformed. An internal error denies too (the same outcome as the
 ``failurePolicy: Fail`` the manifests use) and is logged with its traceback.
+
+Metrics labels take values from fixed sets only (anything else counts as ``other``):
+the port may be reachable by anyone, and each new label value would be a time series kept
+forever.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Collection
 
 from fastapi import FastAPI, Request, Response
-from fastapi.responses import JSONResponse
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
     CollectorRegistry,
@@ -26,20 +29,30 @@ from prometheus_client import (
 
 from dradriver.errors import FieldError
 from dradriver.log import get_logger
-from dradriver.webhook.validation import Settings, Verdict, validate
+from dradriver.webhook import review
+from dradriver.webhook.validation import KINDS, Settings, Verdict, validate
 
 log = get_logger("webhook")
 
-ADMISSION_API_VERSION = "admission.k8s.io/v1"
-DENIED_CODE = 422
+OPERATIONS = ("CREATE", "UPDATE", "DELETE", "CONNECT")
+"""``request.operation`` values of admission.k8s.io/v1."""
+OUTCOMES = ("allowed", "denied", "error", "malformed")
+OTHER = "other"
+ERROR_KIND = "error"  # the kind label of a review whose validation raised
+
+
+def bounded(value: object, known: Collection[str]) -> str:
+    """``value`` if it is one of ``known``, else ``other``: a label never takes a new value."""
+    return value if isinstance(value, str) and value in known else OTHER
 
 
 class WebhookMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
         self.requests = Counter(
             "dradriver_webhook_requests",
-            "AdmissionReviews answered, by kind validated ('other' if not ours), operation "
-            "and outcome (allowed, denied, error).",
+            "AdmissionReviews answered, by kind validated ('other' if not ours, 'error' if "
+            "validation failed), operation ('other' if not an admission operation) and "
+            "outcome (allowed, denied, error, malformed).",
             ["kind", "operation", "outcome"],
             registry=registry,
         )
@@ -50,20 +63,20 @@ class WebhookMetrics:
             buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0),
         )
 
-
-def _review(uid: str, verdict: Verdict) -> dict[str, Any]:
-    response: dict[str, Any] = {"uid": uid, "allowed": verdict.allowed}
-    if not verdict.allowed:
-        response["status"] = {
-            "code": DENIED_CODE,
-            "reason": "Invalid",
-            "message": verdict.message,
-        }
-    return {"apiVersion": ADMISSION_API_VERSION, "kind": "AdmissionReview", "response": response}
+    def count(self, kind: str, operation: object, outcome: str) -> None:
+        self.requests.labels(
+            bounded(kind, (*KINDS, ERROR_KIND)),
+            bounded(operation, OPERATIONS),
+            bounded(outcome, OUTCOMES),
+        ).inc()
 
 
-def _bad_request(message: str) -> JSONResponse:
-    return JSONResponse({"message": message}, status_code=400)
+def _answer(body: bytes) -> Response:
+    return Response(body, media_type="application/json")
+
+
+def _answer_verdict(uid: str, verdict: Verdict) -> Response:
+    return _answer(review.encode(uid, verdict.allowed, review.INVALID, "Invalid", verdict.message))
 
 
 def build_app(
@@ -96,45 +109,39 @@ def build_app(
 
     @app.post("/validate")
     async def validate_endpoint(request: Request) -> Response:
-        try:
-            body = await request.json()
-        except ValueError:
-            return _bad_request("the body must be a JSON AdmissionReview")
-        if not isinstance(body, dict) or body.get("kind") != "AdmissionReview":
-            return _bad_request("the body must be an AdmissionReview")
-        if body.get("apiVersion") != ADMISSION_API_VERSION:
-            return _bad_request(
-                f"apiVersion {body.get('apiVersion')!r} is not supported; "
-                f"use {ADMISSION_API_VERSION!r} (admissionReviewVersions: [v1])"
-            )
-        review = body.get("request")
-        if not isinstance(review, dict) or not isinstance(review.get("uid"), str):
-            return _bad_request("request.uid is missing")
-        operation = str(review.get("operation", ""))
+        decoded = review.decode(await request.body())
+        if isinstance(decoded, review.Malformed):
+            metrics.count(OTHER, OTHER, "malformed")
+            log.info("malformed review denied", uid=decoded.uid, reason=decoded.message)
+            return _answer(review.deny_malformed(decoded))
+        uid, admission = decoded.uid, decoded.request
+        operation = admission["operation"]
+        kind_ref = admission["kind"]
         meta = {
-            "uid": review["uid"],
+            "uid": uid,
             "operation": operation,
-            "kind": (review.get("kind") or {}).get("kind"),
-            "object": f"{review.get('namespace') or ''}/{review.get('name') or ''}".lstrip("/"),
-            "user": (review.get("userInfo") or {}).get("username"),
+            "kind": kind_ref.get("kind"),
+            "object": f"{admission.get('namespace') or ''}/{admission.get('name') or ''}".lstrip(
+                "/"
+            ),
+            "user": (admission.get("userInfo") or {}).get("username"),
         }
         started = time.perf_counter()
         try:
-            verdict = validate(settings, review)
+            verdict = validate(settings, admission)
         except Exception as e:  # never a 500: the apiserver would show a vaguer error
             log.exception("validation failed", **meta)
-            metrics.requests.labels("error", operation, "error").inc()
+            metrics.count(ERROR_KIND, operation, "error")
             problem = FieldError("", f"internal error in the dradriver webhook: {e}")
-            verdict = Verdict(False, (problem,))
-            return JSONResponse(_review(review["uid"], verdict))
+            return _answer_verdict(uid, Verdict(False, (problem,)))
         finally:
             metrics.duration.observe(time.perf_counter() - started)
         outcome = "allowed" if verdict.allowed else "denied"
-        metrics.requests.labels(verdict.kind or "other", operation, outcome).inc()
+        metrics.count(verdict.kind or OTHER, operation, outcome)
         if verdict.allowed:
             log.debug("admitted", **meta)
         else:
             log.info("denied", **meta, reason=verdict.message)
-        return JSONResponse(_review(review["uid"], verdict))
+        return _answer_verdict(uid, verdict)
 
     return app

@@ -108,7 +108,8 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         default=None,
         help="a DeviceClass of this driver: requests for it get their CEL selectors compiled "
-        "(repeatable; default: a class named like the driver)",
+        "(repeatable; default: the classes the driver's manifests install, DRIVER and "
+        "DRIVER-mock-extended-resource)",
     )
     parser.add_argument("--log-level", default="info", help="default: %(default)s")
     return parser
@@ -135,8 +136,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.cert is None or args.key is None:
         parser.error("--cert and --key are required (the apiserver only calls webhooks over TLS)")
     configure(args.log_level)
-    classes = frozenset(args.device_class or [args.driver_name])
-    app = build_app(Settings(driver=args.driver_name, device_classes=classes))
+    settings = Settings.for_driver(args.driver_name, args.device_class)
+    classes = settings.device_classes
+    app = build_app(settings)
     try:
         server = WebhookServer(app, args.address, args.cert, args.key)
     except (ValueError, FileNotFoundError) as e:

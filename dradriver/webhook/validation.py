@@ -25,7 +25,7 @@ object that does not exist is admitted: the controller reports it on the claim.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,17 +35,30 @@ from dradriver.api import parameters as params
 from dradriver.cel import validate_selector
 from dradriver.errors import FieldError, render, under
 from dradriver.k8s.objects import Obj
+from dradriver.webhook.registration import device_classes
 
 RESOURCE_GROUP = "resource.k8s.io"
+CLAIM_KIND = "ResourceClaim"
+TEMPLATE_KIND = "ResourceClaimTemplate"
+KINDS = (params.KIND, net.KIND, CLAIM_KIND, TEMPLATE_KIND)
+"""What this webhook validates (``Verdict.kind``); everything else is admitted untouched."""
 
 
 @dataclass(frozen=True)
 class Settings:
     """``driver``: the opaque config driver name and the parameters' API group;
-    ``device_classes``: the DeviceClasses whose requests get their selectors compiled."""
+    ``device_classes``: the DeviceClasses whose requests get their selectors compiled (by
+    default those the driver's manifests install, which the registration's
+    ``matchConditions`` name too)."""
 
     driver: str = DEFAULT_DRIVER_NAME
-    device_classes: frozenset[str] = frozenset({DEFAULT_DRIVER_NAME})
+    device_classes: frozenset[str] = frozenset(device_classes(DEFAULT_DRIVER_NAME))
+
+    @classmethod
+    def for_driver(cls, driver: str, classes: Iterable[str] | None = None) -> Settings:
+        """Settings for ``driver``; ``classes`` default: :func:`~dradriver.webhook.
+        registration.device_classes`."""
+        return cls(driver, frozenset(device_classes(driver) if classes is None else classes))
 
 
 @dataclass(frozen=True)
@@ -63,10 +76,26 @@ class Verdict:
         return render(self.field_errors)
 
 
+def selector_problem(expression: str) -> str | None:
+    """What is wrong with a CEL selector, if anything.
+
+    A lone surrogate (JSON ``"\\ud800"``) is valid in a Python string but not Unicode text:
+    the CEL compiler cannot take it, and Kubernetes would have replaced it with U+FFFD.
+    """
+    try:
+        expression.encode("utf-8")
+    except UnicodeEncodeError as e:
+        return (
+            f"character {expression[e.start]!r} at offset {e.start} is a lone surrogate, "
+            "not valid Unicode"
+        )
+    return validate_selector(expression)
+
+
 def _selector_errors(selectors: list[str], where: str) -> list[FieldError]:
     errors = []
     for index, expression in enumerate(selectors):
-        problem = validate_selector(expression)
+        problem = selector_problem(expression)
         if problem is not None:
             errors.append(FieldError(f"{where}[{index}]", problem))
     return errors
@@ -110,13 +139,14 @@ def _list(value: Any) -> list[Any]:
 
 
 def _request_selector_errors(settings: Settings, request: Obj, where: str) -> list[FieldError]:
-    if request.get("deviceClassName") not in settings.device_classes:
+    class_name = request.get("deviceClassName")
+    if not isinstance(class_name, str) or class_name not in settings.device_classes:
         return []
     errors = []
     for index, selector in enumerate(_list(request.get("selectors"))):
         expression = _dict(_dict(selector).get("cel")).get("expression")
         if isinstance(expression, str):
-            problem = validate_selector(expression)
+            problem = selector_problem(expression)
             if problem is not None:
                 errors.append(FieldError(f"{where}.selectors[{index}].cel.expression", problem))
     return errors
@@ -155,9 +185,9 @@ def _target(settings: Settings, group: str, kind: str) -> tuple[str, Callable[[O
         return kind, lambda o: o.get("spec")
     if group == settings.driver and kind == net.KIND:
         return kind, lambda o: o.get("spec")
-    if group == RESOURCE_GROUP and kind == "ResourceClaim":
+    if group == RESOURCE_GROUP and kind == CLAIM_KIND:
         return kind, lambda o: o.get("spec")
-    if group == RESOURCE_GROUP and kind == "ResourceClaimTemplate":
+    if group == RESOURCE_GROUP and kind == TEMPLATE_KIND:
         return kind, lambda o: _dict(o.get("spec")).get("spec")
     return None
 
@@ -179,7 +209,7 @@ def validate(settings: Settings, request: Obj) -> Verdict:
         errors = parameters_errors(obj)
     elif kind == net.KIND:
         errors = network_pool_errors(obj)
-    elif kind == "ResourceClaim":
+    elif kind == CLAIM_KIND:
         errors = claim_spec_errors(settings, obj.get("spec"), "spec")
     else:
         errors = claim_spec_errors(settings, _dict(obj.get("spec")).get("spec"), "spec.spec")

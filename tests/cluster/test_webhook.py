@@ -125,68 +125,86 @@ def delete_pool(api: AdminAPI, name: str) -> None:
     wait_until(f"pool {name} deleted", lambda: api.get_or_none(path) is None, 30)
 
 
+def start_webhook(local_cluster: LocalCluster, workdir: Path) -> tuple[ManagedProcess, str]:
+    """A standalone ``dradriver-webhook`` on a free loopback port, serving; its base URL."""
+    pki = local_cluster.layout.pki
+    pair = issue_serving_cert(pki, workdir)
+    port = free_port()
+    proc = ManagedProcess.start(
+        "dradriver-webhook",
+        [
+            sys.executable,
+            "-m",
+            "dradriver.webhook",
+            f"--address=127.0.0.1:{port}",
+            f"--cert={pair.cert}",
+            f"--key={pair.key}",
+            "--log-level=debug",
+        ],
+        log_path=workdir / "webhook.log",
+        cwd=workdir / "webhook.cwd",
+    )
+    tls = ssl.create_default_context(cafile=str(pki / "ca.crt"))
+    base = f"https://127.0.0.1:{port}"
+    try:
+        with httpx.Client(verify=tls, timeout=5) as http:
+            proc.wait_ready(
+                "webhook ready",
+                lambda: http.get(f"{base}/readyz").status_code == 200,
+                30,
+                ignore=(httpx.TransportError,),
+            )
+    except BaseException:
+        proc.stop(timeout=10)
+        raise
+    return proc, base
+
+
+def register(
+    api: AdminAPI, local_cluster: LocalCluster, name: str, base: str, namespace: str, unique: str
+) -> None:
+    """Register the webhook at ``base`` for objects labelled ``LABEL: unique`` (and their
+    namespace ``namespace``), and return once the apiserver calls it."""
+    api.create(
+        CONFIGS,
+        webhook_configuration(
+            name,
+            f"{base}/validate",
+            (local_cluster.layout.pki / "ca.crt").read_bytes(),
+            namespace_labels={LABEL: unique},
+        ),
+    )
+
+    # The apiserver picks new configurations up through a watch: probe with a
+    # dry run (sideEffects None) until the webhook answers.
+    def active() -> bool:
+        probe = parameters(namespace, "probe", {"selectors": [BAD_SELECTOR]})
+        try:
+            api.create(parameters_path(namespace) + "?dryRun=All", probe)
+        except KubeAPIError as e:
+            if DENIED in str(e.body.get("message", "")):
+                return True
+            raise
+        return False
+
+    wait_until("webhook configuration active", active, 30)
+
+
 @pytest.fixture(scope="module")
 def webhook(local_cluster: LocalCluster) -> Iterator[Webhook]:
     unique = uuid.uuid4().hex[:8]
     namespace = f"t-webhook-{unique}"
     config_name = f"dradriver-webhook-test-{unique}"
     workdir = Path(tempfile.mkdtemp(prefix="dra-webhook-"))
-    pki = local_cluster.layout.pki
-    pair = issue_serving_cert(pki, workdir)
-    port = free_port()
     with local_cluster.api() as api:
         install_crds(api)
-        proc = ManagedProcess.start(
-            "dradriver-webhook",
-            [
-                sys.executable,
-                "-m",
-                "dradriver.webhook",
-                f"--address=127.0.0.1:{port}",
-                f"--cert={pair.cert}",
-                f"--key={pair.key}",
-                "--log-level=debug",
-            ],
-            log_path=workdir / "webhook.log",
-            cwd=workdir / "webhook.cwd",
-        )
+        proc, base = start_webhook(local_cluster, workdir)
         try:
-            tls = ssl.create_default_context(cafile=str(pki / "ca.crt"))
-            base = f"https://127.0.0.1:{port}"
-            with httpx.Client(verify=tls, timeout=5) as http:
-                proc.wait_ready(
-                    "webhook ready",
-                    lambda: http.get(f"{base}/readyz").status_code == 200,
-                    30,
-                    ignore=(httpx.TransportError,),
-                )
             api.create(
                 "/api/v1/namespaces",
                 {"metadata": {"name": namespace, "labels": {LABEL: unique}}},
             )
-            api.create(
-                CONFIGS,
-                webhook_configuration(
-                    config_name,
-                    f"{base}/validate",
-                    (pki / "ca.crt").read_bytes(),
-                    namespace_labels={LABEL: unique},
-                ),
-            )
-
-            # The apiserver picks new configurations up through a watch: probe with a
-            # dry run (sideEffects None) until the webhook answers.
-            def active() -> bool:
-                probe = parameters(namespace, "probe", {"selectors": [BAD_SELECTOR]})
-                try:
-                    api.create(parameters_path(namespace) + "?dryRun=All", probe)
-                except KubeAPIError as e:
-                    if DENIED in str(e.body.get("message", "")):
-                        return True
-                    raise
-                return False
-
-            wait_until("webhook configuration active", active, 30)
+            register(api, local_cluster, config_name, base, namespace, unique)
             yield Webhook(
                 namespace, local_cluster.layout.admin_kubeconfig, workdir, {LABEL: unique}
             )
@@ -367,6 +385,107 @@ def test_network_pools_are_validated(api: AdminAPI, webhook: Webhook) -> None:
         )
     finally:
         delete_pool(api, name)
+
+
+# --- while the webhook is down -------------------------------------------------------
+
+CANNOT_CALL = f'failed calling webhook "{WEBHOOK_NAME}"'
+
+
+def test_while_the_webhook_is_down_only_this_drivers_writes_are_refused(
+    api: AdminAPI, local_cluster: LocalCluster
+) -> None:
+    """failurePolicy Fail with matchConditions: with the webhook server stopped, other
+    drivers' claims are admitted, ours are refused naming the webhook, and the finalizer
+    of one of our claims (and of our parameters) can still be removed."""
+    unique = uuid.uuid4().hex[:8]
+    namespace = f"t-webhook-down-{unique}"
+    config_name = f"dradriver-webhook-down-{unique}"
+    workdir = Path(tempfile.mkdtemp(prefix="dra-webhook-down-"))
+    claims = path_for(RESOURCE_V1, "resourceclaims", namespace)
+    templates = path_for(RESOURCE_V1, "resourceclaimtemplates", namespace)
+    hold = {"finalizers": ["example.com/hold"]}
+    config = {"apiVersion": API_VERSION, "kind": "DeviceConfig", "profile": "fast"}
+    ours = claim(namespace, "ours", config)
+    ours["metadata"].update(hold)
+    dcp = parameters(namespace, "params", {"profile": "fast"})
+    dcp["metadata"].update(hold)
+    proc, base = start_webhook(local_cluster, workdir)
+    try:
+        api.create(
+            "/api/v1/namespaces", {"metadata": {"name": namespace, "labels": {LABEL: unique}}}
+        )
+        register(api, local_cluster, config_name, base, namespace, unique)
+        api.create(claims, ours)
+        api.create(parameters_path(namespace), dcp)
+
+        assert proc.stop(timeout=10) is not None  # the webhook server is gone (port closed)
+
+        # Other drivers' claims and templates are admitted: the webhook is not called.
+        other = {
+            "apiVersion": RESOURCE_V1,
+            "kind": "ResourceClaim",
+            "metadata": {"name": "other", "namespace": namespace},
+            "spec": {
+                "devices": {
+                    "requests": [
+                        {"name": "gpu", "exactly": {"deviceClassName": "gpu.example.com"}},
+                        {
+                            "name": "any",
+                            "firstAvailable": [
+                                {"name": "a", "deviceClassName": "fpga.example.com"}
+                            ],
+                        },
+                    ],
+                    "config": [
+                        {"opaque": {"driver": "gpu.example.com", "parameters": {"mode": "x"}}}
+                    ],
+                }
+            },
+        }
+        assert api.create(claims, other)["metadata"]["name"] == "other"
+        other_template = {
+            "apiVersion": RESOURCE_V1,
+            "kind": "ResourceClaimTemplate",
+            "metadata": {"name": "other", "namespace": namespace},
+            "spec": {"spec": other["spec"]},
+        }
+        assert api.create(templates, other_template)["metadata"]["name"] == "other"
+
+        # Ours are refused, and the message names the webhook that could not be called.
+        for path, body in (
+            (claims, claim(namespace, "ours-2", config)),
+            (claims, claim(namespace, "ours-3")),  # a request for our DeviceClass only
+            (parameters_path(namespace), parameters(namespace, "params-2", {})),
+        ):
+            with pytest.raises(KubeAPIError) as info:
+                api.create(path, body)
+            assert info.value.status == 500, info.value.body
+            assert CANNOT_CALL in str(info.value.body.get("message")), info.value.body
+        with pytest.raises(KubeAPIError) as info:
+            api.merge_patch(f"{parameters_path(namespace)}/params", {"spec": {"profile": "slow"}})
+        assert CANNOT_CALL in str(info.value.body.get("message")), info.value.body
+
+        # Metadata changes of our objects need no webhook: annotate, drop the finalizer,
+        # and the deletion (never sent to the webhook) completes.
+        for path in (f"{claims}/ours", f"{parameters_path(namespace)}/params"):
+            api.merge_patch(path, {"metadata": {"annotations": {"example.com/seen": "yes"}}})
+            api.delete(path)
+            assert api.get(path)["metadata"].get("deletionTimestamp")  # held by the finalizer
+            api.merge_patch(path, {"metadata": {"finalizers": None}})
+
+            def gone(path: str = path) -> bool:
+                return api.get_or_none(path) is None
+
+            wait_until(f"{path} deleted", gone, 30)
+    finally:
+        api.delete(f"{CONFIGS}/{config_name}")
+        for path in (f"{claims}/ours", f"{parameters_path(namespace)}/params"):
+            if api.get_or_none(path) is not None:
+                api.merge_patch(path, {"metadata": {"finalizers": None}})
+        api.delete(path_for("v1", "namespaces", name=namespace))
+        proc.stop(timeout=10)
+        shutil.rmtree(workdir, ignore_errors=True)
 
 
 # --- served by dradriver-controller ---------------------------------------------------

@@ -8,6 +8,8 @@ import pytest
 
 from dradriver.devices.attributes import IntAttribute, StringAttribute, VersionAttribute
 from dradriver.devices.config import (
+    MAX_CONFIG_BYTES,
+    MAX_REPORTED_ERRORS,
     DriverConfig,
     DriverConfigError,
     load_config,
@@ -194,6 +196,89 @@ def test_yaml_problems(tmp_path: Path) -> None:
     assert "duplicate key 'driverName' (line 2)" in error.errors[0]
     error = _error(tmp_path, "- a\n- b\n")
     assert error.errors == ["the top level must be a mapping, not list"]
+
+
+def _billion_laughs(levels: int) -> str:
+    """Each anchor is a list of nine aliases of the previous one: 9**levels values.
+
+    PyYAML builds each anchor once (shared), and pydantic stopped at the first level here;
+    a consumer that walks every value would not."""
+    lines = ["l0: &l0 [x, x, x, x, x, x, x, x, x]"]
+    for i in range(1, levels + 1):
+        lines.append(f"l{i}: &l{i} [" + ", ".join([f"*l{i - 1}"] * 9) + "]")
+    return "\n".join(lines) + f"\nsources: *l{levels}\n"
+
+
+def _device_bomb(n: int) -> str:
+    """n sources, each the same static source of n aliases of one device entry."""
+    device = "&d {namePrefix: dev, count: 1}" + ", *d" * (n - 1)
+    return "sources:\n  - &s {static: {devices: [" + device + "]}}\n" + "  - *s\n" * (n - 1)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        # TypeError (unhashable key) before
+        ("? [a, b]\n: 1\n", "not valid YAML: a key must be a scalar, not a list"),
+        ("{{a: 1}: 2}", "not valid YAML: a key must be a scalar, not a dict"),
+        # RecursionError before
+        ("[" * 5000 + "]" * 5000, "not valid YAML: nested deeper than 64 levels"),
+        ("a:\n" + "".join(" " * i + "- \n" for i in range(1, 200)), "nested deeper than 64"),
+        (_billion_laughs(8), "the document has more than 200000 values"),
+        # 7 KB that pydantic validated as 360 000 devices before (~6 s; 33 KB: minutes)
+        (_device_bomb(600), "the document has more than 200000 values"),
+        ("a: &a [*a]\n", "recursive alias (line 1): a value contains itself"),
+        # nesting through aliases: each level nests the previous one 40 deep
+        (
+            "a: &a " + "[" * 40 + "1" + "]" * 40 + "\nb: &b " + "[" * 40 + "*a" + "]" * 40,
+            "nested deeper than 64 levels through aliases",
+        ),
+        # ValueError, KeyError, AttributeError from PyYAML's scalar constructors before
+        ("driverName: 2001-02-30\n", "cannot read the value '2001-02-30': day is out of range"),
+        ("driverName: !!bool maybe\n", "cannot read the value 'maybe'"),
+        ("driverName: !!timestamp soon\n", "cannot read the value 'soon'"),
+        ("driverName: " + "1" * 5000 + "\n", "Exceeds the limit (4300 digits)"),
+        ("driverName: !!float fast\n", "could not convert string to float"),
+    ],
+)
+def test_odd_yaml_is_a_config_error(tmp_path: Path, text: str, message: str) -> None:
+    (error,) = _error(tmp_path, text).errors
+    assert message in error
+
+
+def test_binary_and_oversized_files_are_config_errors(tmp_path: Path) -> None:
+    path = tmp_path / "driver.yaml"
+    path.write_bytes(b"driverName: \xff\xfe\x00")  # UnicodeDecodeError before
+    with pytest.raises(DriverConfigError, match="not UTF-8 text: byte 0xff at offset 12"):
+        load_config(path)
+    path.write_bytes(b"driverName: a\x00")
+    with pytest.raises(DriverConfigError, match="not valid YAML: unacceptable character #x0000"):
+        load_config(path)
+    path.write_bytes(b"# padding\n" * (MAX_CONFIG_BYTES // 10 + 1))
+    with pytest.raises(DriverConfigError, match=f"larger than {MAX_CONFIG_BYTES} bytes"):
+        load_config(path)
+    with pytest.raises(DriverConfigError, match=f"at most {MAX_CONFIG_BYTES} are allowed"):
+        parse_config("#" * (MAX_CONFIG_BYTES + 1))
+
+
+def test_many_errors_are_reported_up_to_a_bound(tmp_path: Path) -> None:
+    entries = ", ".join(["{static: {devices: [{name: x, colour: red}]}}"] * 200)
+    error = _error(tmp_path, f"sources: [{entries}]")
+    assert len(error.errors) == MAX_REPORTED_ERRORS + 1
+    assert error.errors[-1] == f"... and {200 - MAX_REPORTED_ERRORS} more errors"
+
+
+def test_anchors_and_aliases_within_bounds_still_work() -> None:
+    config = parse_config(
+        "sources:\n"
+        "  - static:\n"
+        "      devices:\n"
+        "        - {name: a, attributes: &common {model: mock-1}}\n"
+        "        - {name: b, attributes: *common}\n"
+    )
+    static = config.sources[0].static
+    assert static is not None
+    assert [d.attributes["model"] for d in static.devices] == [StringAttribute(value="mock-1")] * 2
 
 
 def test_missing_file(tmp_path: Path) -> None:

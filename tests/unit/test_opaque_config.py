@@ -87,3 +87,31 @@ def test_parameters_reference_is_refused_on_the_node_with_a_reason() -> None:
     ref = {"apiVersion": f"{D}/v1alpha1", "kind": "DeviceClaimParametersReference", "name": "p"}
     with pytest.raises(DeviceConfigError, match="must be resolved by dradriver-controller"):
         effective_configs(D, [entry("FromClaim", ref)], ["a"])
+
+
+@pytest.mark.parametrize(
+    ("profile", "rule"),
+    [
+        ("../../etc/passwd", "not a DNS label"),
+        ("fast; rm -rf /", "not a DNS label"),
+        ("Fast", "not a DNS label"),
+        ("fast\n", "not a DNS label"),
+        ("-fast", "not a DNS label"),
+        ("a" * 64, "at most 63"),
+    ],
+)
+def test_profile_is_a_dns_label_on_the_node(profile: str, rule: str) -> None:
+    """The profile reaches the setup hook (run as root) as DRADRIVER_PROFILE: the node
+    refuses anything the README's "DNS label" does not allow, as the webhook does."""
+    with pytest.raises(
+        DeviceConfigError, match=rf"config\[0\] \(FromClaim\): field profile: .*{rule}"
+    ):
+        effective_configs(D, [entry("FromClaim", cfg(profile=profile))], ["a"])
+    assert effective_configs(D, [entry("FromClaim", cfg(profile="fast-2"))], ["a"])[
+        "a"
+    ].profile == ("fast-2")
+
+
+def test_env_name_with_a_trailing_newline_is_refused() -> None:
+    with pytest.raises(DeviceConfigError, match="field env: 'A\\\\n' is not a valid"):
+        effective_configs(D, [entry("FromClaim", cfg(env={"A\n": "x"}))], ["a"])

@@ -5,6 +5,9 @@ from __future__ import annotations
 import asyncio
 import base64
 import copy
+import json
+import math
+import re
 import ssl
 from collections.abc import Iterator
 from pathlib import Path
@@ -30,7 +33,7 @@ from dradriver.api import parameters as params
 from dradriver.k8s.client import Connection, KubeClient
 from dradriver.k8s.objects import Obj
 from dradriver.runtime import Informer
-from dradriver.webhook.app import build_app
+from dradriver.webhook.app import OPERATIONS, bounded, build_app
 from dradriver.webhook.server import WebhookServer, build_parser, main
 from dradriver.webhook.validation import Settings, validate
 
@@ -488,25 +491,181 @@ def test_unknown_kinds_are_admitted(client: TestClient) -> None:
 # --- protocol -------------------------------------------------------------------------
 
 
+def _raw(body: Obj) -> bytes:
+    """JSON text as Python writes it: lone surrogates become \\ud800 escapes, as they would
+    arrive from any client (json.dumps keeps them ASCII)."""
+    return json.dumps(body).encode()
+
+
+def _with(**fields: Any) -> bytes:
+    body = review(params.KIND, dcp({}))
+    body["request"].update(fields)
+    return _raw(body)
+
+
+ENVELOPE = b'{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":'
+
+
 @pytest.mark.parametrize(
-    ("body", "expected"),
+    ("body", "uid", "message"),
     [
-        ({"kind": "Pod"}, "must be an AdmissionReview"),
+        # HTTP 400 with {"message"} before, not an AdmissionReview
+        (b"{not json", "", "the body is not JSON: Expecting property name"),
+        (b"", "", "the body is not JSON"),
+        (b"\xff\xfe", "", "the body is not UTF-8: byte 0xff at offset 0"),
+        (b"[1]", "", "must be a JSON object, got a JSON array"),
+        (_raw({"kind": "Pod"}), "", "kind: must be 'AdmissionReview', got 'Pod'"),
         (
-            {"apiVersion": "admission.k8s.io/v1beta1", "kind": "AdmissionReview", "request": {}},
-            "'admission.k8s.io/v1beta1' is not supported",
+            _raw({**review(params.KIND, dcp({})), "apiVersion": "admission.k8s.io/v1beta1"}),
+            "uid-1",
+            "apiVersion: 'admission.k8s.io/v1beta1' is not supported; use 'admission.k8s.io/v1'",
         ),
-        ({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview"}, "request.uid"),
+        (_raw({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview"}), "", "request: "),
+        (_with(uid=7), "", "request.uid: must be a JSON string, got a JSON number"),
+        (_with(uid=None), "", "request.uid: must be a JSON string, got missing"),
+        # HTTP 500 "Internal Server Error" before
+        (ENVELOPE + b'{"uid":"u","object":' + b"[" * 5000 + b"]" * 5000 + b"}}", "", "deeper"),
+        (
+            ENVELOPE + b'{"uid":"u","object":' + b"[" * 200 + b"]" * 200 + b"}}",
+            "u",
+            "the body nests deeper than 128 levels",
+        ),
+        (
+            _with(kind="ResourceClaim"),
+            "uid-1",
+            "request.kind: must be a JSON object, got a JSON string",
+        ),
+        (_with(kind=[1]), "uid-1", "request.kind: must be a JSON object, got a JSON array"),
+        (_with(userInfo=[1]), "uid-1", "request.userInfo: must be a JSON object, got a JSON array"),
+        (_with(userInfo="root"), "uid-1", "request.userInfo: must be a JSON object"),
+        (_with(uid="\ud800"), "", "request.uid: is not valid Unicode (a lone surrogate)"),
+        # admitted before: NaN is not JSON, an operation must be a string
+        (_raw(review(params.KIND, dcp({"count": math.nan}))), "", "not JSON: NaN is not JSON"),
+        (_with(operation=None), "uid-1", "request.operation: must be a JSON string, got missing"),
+        (_with(object=[]), "uid-1", "request.object: must be a JSON object, got a JSON array"),
     ],
 )
-def test_malformed_reviews_are_bad_requests(client: TestClient, body: Obj, expected: str) -> None:
-    resp = client.post("/validate", json=body)
-    assert resp.status_code == 400
-    assert expected in resp.json()["message"]
+def test_malformed_bodies_get_an_admission_review_denial(
+    client: TestClient, body: bytes, uid: str, message: str
+) -> None:
+    resp = client.post("/validate", content=body, headers={"content-type": "application/json"})
+    assert resp.status_code == 200, resp.text
+    answer = resp.json()
+    assert (answer["apiVersion"], answer["kind"]) == ("admission.k8s.io/v1", "AdmissionReview")
+    response = answer["response"]
+    assert response["uid"] == uid
+    assert response["allowed"] is False
+    assert response["status"]["code"] == 400
+    assert response["status"]["reason"] == "BadRequest"
+    assert response["status"]["message"].startswith("malformed AdmissionReview: ")
+    assert message in response["status"]["message"]
+
+
+def test_an_empty_uid_is_a_valid_uid(client: TestClient) -> None:
+    assert post(client, review(params.KIND, dcp({}), uid=""))["allowed"] is True
+
+
+@pytest.mark.parametrize(
+    ("where", "make"),
+    [
+        (
+            "spec.devices.requests[0].exactly.selectors[0].cel.expression",
+            lambda s: claim(
+                requests=[
+                    {
+                        "name": "gpu",
+                        "exactly": {
+                            "deviceClassName": DRIVER,
+                            "selectors": [{"cel": {"expression": s}}],
+                        },
+                    }
+                ]
+            ),
+        ),
+        (
+            "spec.devices.requests[0].firstAvailable[0].selectors[0].cel.expression",
+            lambda s: claim(
+                requests=[
+                    {
+                        "name": "gpu",
+                        "firstAvailable": [
+                            {
+                                "name": "a",
+                                "deviceClassName": DRIVER,
+                                "selectors": [{"cel": {"expression": s}}],
+                            }
+                        ],
+                    }
+                ]
+            ),
+        ),
+    ],
+)
+def test_lone_surrogate_in_a_selector_names_the_field(
+    client: TestClient, where: str, make: Any
+) -> None:
+    """It was an "internal error" with no field before (the CEL compiler cannot encode it)."""
+    body = review("ResourceClaim", make("device.driver == '\ud800'"))
     resp = client.post(
-        "/validate", content=b"{not json", headers={"content-type": "application/json"}
+        "/validate", content=_raw(body), headers={"content-type": "application/json"}
     )
-    assert resp.status_code == 400
+    response = resp.json()["response"]
+    assert response["allowed"] is False
+    assert response["status"]["message"] == (
+        f"{where}: character '\\ud800' at offset 18 is a lone surrogate, not valid Unicode"
+    )
+    # Inline parameters and DeviceClaimParameters name the field too (pydantic's check).
+    inline = opaque(
+        {"apiVersion": API_VERSION, "kind": params.KIND, "spec": {"selectors": ["\ud800"]}}
+    )
+    for body in (
+        review("ResourceClaim", claim([inline])),
+        review(params.KIND, dcp({"selectors": ["\ud800"]})),
+    ):
+        resp = client.post(
+            "/validate", content=_raw(body), headers={"content-type": "application/json"}
+        )
+        message = resp.json()["response"]["status"]["message"]
+        assert "selectors[0]: Input should be a valid string" in message, message
+
+
+def test_device_config_profile_must_be_a_dns_label(client: TestClient) -> None:
+    bad = claim([opaque({"apiVersion": API_VERSION, "kind": "DeviceConfig", "profile": "../x"})])
+    assert denied(client, review("ResourceClaim", bad)) == (
+        "spec.devices.config[0].opaque.parameters: field profile: profile '../x' is not a DNS "
+        "label: use lowercase letters, digits and '-', starting and ending with a letter or digit"
+    )
+
+
+def test_metrics_labels_are_bounded(client: TestClient) -> None:
+    """2 000 unauthenticated reviews with a new operation, kind or group each: before, each
+    added a time series to /metrics for ever (2 000 requests: 16.8 MB)."""
+    for i in range(500):
+        body = review(params.KIND, dcp({}), uid=f"u{i}")
+        body["request"]["operation"] = f"OP-{i}-" + "x" * 1000
+        post(client, body)
+        body = review(params.KIND, dcp({}), uid=f"k{i}")
+        body["request"]["kind"] = {"group": f"g{i}.example", "version": "v1", "kind": f"K{i}"}
+        post(client, body)
+        body["request"]["kind"] = {"group": DRIVER, "version": "v1", "kind": "x" * i}
+        body["request"]["operation"] = "DELETE"
+        post(client, body)
+        client.post("/validate", content=f'{{"kind": "{i}"}}'.encode())
+    text = client.get("/metrics").text
+    series = [
+        line for line in text.splitlines() if line.startswith("dradriver_webhook_requests_total{")
+    ]
+    labels = [dict(re.findall(r'(\w+)="([^"]*)"', line)) for line in series]
+    assert {(x["kind"], x["operation"], x["outcome"]) for x in labels} == {
+        (params.KIND, "other", "allowed"),
+        ("other", "CREATE", "allowed"),
+        ("other", "DELETE", "allowed"),
+        ("other", "other", "malformed"),
+    }
+    assert len(text) < 20_000
+    assert 'outcome="allowed"} 500.0' in text and 'outcome="malformed"} 500.0' in text
+    assert bounded("CREATE", OPERATIONS) == "CREATE"
+    assert bounded(7, OPERATIONS) == bounded("create", OPERATIONS) == "other"
 
 
 def test_garbage_inside_a_review_is_denied_not_a_crash(client: TestClient) -> None:
@@ -515,6 +674,20 @@ def test_garbage_inside_a_review_is_denied_not_a_crash(client: TestClient) -> No
     allowed(client, body)
     body["request"]["object"]["spec"] = {"devices": {"config": [{"opaque": {"driver": DRIVER}}]}}
     assert "must be an object, got NoneType" in denied(client, body)
+
+
+def test_wrong_json_types_where_objects_and_strings_belong_are_denied_or_ignored(
+    client: TestClient,
+) -> None:
+    """Found by tests/fuzz/test_webhook_fuzz.py: both were "internal error" denials."""
+    body = review(net.KIND, pool(pool_spec()))
+    body["request"]["object"]["metadata"] = [1]
+    assert denied(client, body) == "metadata: must be an object"
+    body["request"]["object"]["metadata"] = {"name": 7}
+    assert denied(client, body) == "metadata.name: must be a string"
+    # An unhashable class name is not one of ours (the apiserver's schema denies it anyway).
+    odd = claim(requests=[{"name": "a", "exactly": {"deviceClassName": [DRIVER]}}])
+    allowed(client, review("ResourceClaim", odd))
 
 
 def test_health_ready_and_metrics(client: TestClient) -> None:
@@ -638,6 +811,7 @@ def test_manifest_matches_the_registration_rules() -> None:
     (hook,) = docs["ValidatingWebhookConfiguration"]["webhooks"]
     expected = webhook_configuration("x", "https://unused", b"")["webhooks"][0]
     assert hook["rules"] == expected["rules"]
+    assert hook["matchConditions"] == expected["matchConditions"]
     assert hook["name"] == expected["name"]
     service = hook["clientConfig"]["service"]
     assert (service["namespace"], service["name"]) == (
