@@ -10,8 +10,11 @@ plugin writes its CDI specs into the dir that node's containerd reads.
 
 from __future__ import annotations
 
+import os
 import socket
+import stat
 import sys
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,6 +39,23 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def make_mock_device_nodes(mock_dir: Path, names: Iterable[str]) -> None:
+    """Character devices with /dev/null's numbers at a static source's mock paths.
+
+    For the real runtime, until mock devices are device nodes themselves (the
+    runtime-devices work): the plugin creates regular mock files, which
+    containerd's CDI library refuses as device nodes, but keeps whatever
+    already exists at a mock path. Call it before the plugin starts.
+    """
+    mock_dir.mkdir(mode=0o755, parents=True, exist_ok=True)
+    rdev = os.stat("/dev/null").st_rdev
+    for name in names:
+        path = mock_dir / name
+        if not path.exists():
+            os.mknod(path, stat.S_IFCHR | 0o666, rdev)
+        path.chmod(0o666)  # the umask took some bits
 
 
 def plugin_identity(api: AdminAPI, cluster: LocalCluster, node: str, workdir: Path) -> Path:
@@ -223,4 +243,10 @@ def wait_for_slices(
     return wait_until(f"{devices} devices published for {node}", published, timeout)
 
 
-__all__ = ["NodePlugin", "node_slices", "start_node_plugin", "wait_for_slices"]
+__all__ = [
+    "NodePlugin",
+    "make_mock_device_nodes",
+    "node_slices",
+    "start_node_plugin",
+    "wait_for_slices",
+]

@@ -32,7 +32,12 @@ from devtools.cluster.kubeletstate import kubelet_cdi_ids
 from devtools.cluster.local import LocalCluster
 from devtools.cluster.probe import Report, read_report
 from devtools.cluster.wait import wait_until
-from devtools.harness.nodeplugin import NodePlugin, node_slices, start_node_plugin
+from devtools.harness.nodeplugin import (
+    NodePlugin,
+    make_mock_device_nodes,
+    node_slices,
+    start_node_plugin,
+)
 from dradriver.host.cdi import CDIRegistry
 from dradriver.host.containeredits import DeviceNode
 from dradriver.k8s.objects import Obj
@@ -115,16 +120,6 @@ def _config(work: Path) -> Obj:
             "podResourcesIntervalSeconds": 1,
         },
     }
-
-
-def make_mock_device_nodes(mock_dir: Path, names: tuple[str, ...]) -> None:
-    """Character devices with /dev/null's numbers at the plugin's mock paths."""
-    mock_dir.mkdir(mode=0o755)
-    rdev = os.stat("/dev/null").st_rdev
-    for name in names:
-        path = mock_dir / name
-        os.mknod(path, stat.S_IFCHR | 0o666, rdev)
-        path.chmod(0o666)  # the umask took some bits
 
 
 @pytest.fixture(scope="module", autouse=True)
