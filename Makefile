@@ -30,12 +30,14 @@ runtime-binaries: install
 lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/lint-imports
 
 typecheck: install
 	$(BIN)/mypy
 
-# The README's test command: lint, types, and all three tiers (the cluster tier
-# with node-1 on the real runtime; DRADRIVER_RUNTIME=fake for the fake one).
+# The README's test command: lint, import contracts, types, and every test tier
+# (the cluster tier with node-1 on the real runtime; DRADRIVER_RUNTIME=fake for
+# the fake one).
 test: lint typecheck kube-binaries runtime-binaries
 	$(BIN)/pytest tests
 

@@ -33,7 +33,7 @@ import time
 from dataclasses import dataclass
 
 from dradriver import cel
-from dradriver.allocator import AllocatedState, Allocator, Inventory, claim_key, explain
+from dradriver.allocator import AllocatedState, Allocator, SliceInventory, claim_key, explain
 from dradriver.k8s.objects import Obj
 
 DRIVER = "bench.dradriver.dev"
@@ -204,7 +204,7 @@ def main() -> None:
     rss0 = rss_mib()
     t0 = time.perf_counter()
     slices = make_slices(args.nodes, args.devices_per_node)
-    inventory = Inventory(slices, make_classes())
+    inventory = SliceInventory(slices, make_classes())
     index_s = time.perf_counter() - t0
     nodes = [f"bench-node-{n:03d}" for n in range(args.nodes)]
     claims = [make_claim(i) for i in range(args.claims)]
@@ -213,7 +213,7 @@ def main() -> None:
     cold = run("pick a node, cold", Allocator(inventory), claims, nodes, False)
     warm_allocator = Allocator(inventory)
     warm = run("pick a node, warm", warm_allocator, claims, nodes, False)
-    spread_inventory = Inventory(slices, make_classes())
+    spread_inventory = SliceInventory(slices, make_classes())
     spread = run("given node (round robin), cold", Allocator(spread_inventory), claims, nodes, True)
     after = cel.stats()
 

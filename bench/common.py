@@ -39,7 +39,7 @@ from devtools.cluster.api import AdminAPI
 from devtools.cluster.binaries import cache_root
 from devtools.cluster.process import ManagedProcess, ProcessDied, log_tail
 from devtools.cluster.wait import wait_until
-from dradriver.k8s.client import KubeAPIError
+from dradriver.k8s.errors import KubeAPIError
 from dradriver.k8s.objects import Obj
 from dradriver.k8s.paths import RESOURCE_V1, path_for
 from dradriver.kubeletapi.gen import (
@@ -458,7 +458,9 @@ def delete_node(api: AdminAPI, name: str) -> None:
 
 
 @dataclass(frozen=True)
-class ClaimRef:
+class BenchClaim:
+    """A ResourceClaim the benchmark created and allocated, as NodePrepareResources names it."""
+
     namespace: str
     name: str
     uid: str
@@ -469,7 +471,7 @@ class ClaimRef:
 
 def allocated_claim(
     api: AdminAPI, namespace: str, name: str, driver: str, pool: str, device: str, node: str
-) -> ClaimRef:
+) -> BenchClaim:
     """Create a ResourceClaim and write its ``status.allocation`` as the scheduler would."""
     obj = api.create(
         path_for(RESOURCE_V1, "resourceclaims", namespace),
@@ -500,12 +502,12 @@ def allocated_claim(
         }
     }
     stored = api.replace(path_for(RESOURCE_V1, "resourceclaims", namespace, name) + "/status", obj)
-    return ClaimRef(namespace, name, str(stored["metadata"]["uid"]))
+    return BenchClaim(namespace, name, str(stored["metadata"]["uid"]))
 
 
 def allocated_claims(
     api: AdminAPI, namespace: str, plugin: PluginUnderTest, count: int
-) -> list[ClaimRef]:
+) -> list[BenchClaim]:
     """``count`` claims, claim i allocated to the plugin's device i."""
     return [
         allocated_claim(
@@ -536,7 +538,7 @@ class DRAClient:
     async def close(self) -> None:
         await self._channel.close(grace=None)
 
-    async def prepare(self, claims: Sequence[ClaimRef]) -> float:
+    async def prepare(self, claims: Sequence[BenchClaim]) -> float:
         """Prepare ``claims`` in one call; returns its latency in seconds."""
         request = dra_v1_pb2.NodePrepareResourcesRequest(claims=[c.pb() for c in claims])
         started = time.perf_counter()
@@ -549,7 +551,7 @@ class DRAClient:
                 raise BenchError(f"NodePrepareResources {claim.namespace}/{claim.name}: {why}")
         return took
 
-    async def unprepare(self, claims: Sequence[ClaimRef]) -> float:
+    async def unprepare(self, claims: Sequence[BenchClaim]) -> float:
         request = dra_v1_pb2.NodeUnprepareResourcesRequest(claims=[c.pb() for c in claims])
         started = time.perf_counter()
         response = await self._stub.NodeUnprepareResources(request, timeout=RPC_TIMEOUT)

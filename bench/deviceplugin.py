@@ -51,6 +51,7 @@ from devtools.cluster.local import LocalCluster, running_cluster
 from devtools.cluster.wait import wait_until
 from devtools.harness.nodeplugin import NodePlugin, start_node_plugin
 from dradriver.deviceplugin.server import socket_name
+from dradriver.devices.static import create_mock_device
 from dradriver.k8s.paths import RESOURCE_V1, path_for
 from dradriver.kubeletapi.gen import deviceplugin_v1beta1_pb2 as dp
 from dradriver.kubeletapi.gen import deviceplugin_v1beta1_pb2_grpc as dp_grpc
@@ -236,7 +237,6 @@ def health_bench(cluster: LocalCluster, rounds: int) -> dict[str, list[float]]:
         try:
             wait_until("4 allocatable", lambda: allocatable(api, node, resource) == 4, 60)
             mock = work / "mock" / "dev-3"
-            content = mock.read_bytes()
             for _ in range(rounds):
                 for direction, gauge, count in (("down", 1.0, 3), ("up", 0.0, 4)):
                     # Not a synchronisation: a random phase against the kubelet's 10 s node
@@ -246,8 +246,7 @@ def health_bench(cluster: LocalCluster, rounds: int) -> dict[str, list[float]]:
                     if direction == "down":
                         mock.unlink()
                     else:
-                        mock.write_bytes(content)
-                        mock.chmod(0o600)
+                        create_mock_device(str(mock))
                     wait_until(
                         "the plugin's new list",
                         partial(gauge_is, plugin, gauge),

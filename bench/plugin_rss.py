@@ -30,8 +30,8 @@ from bench.common import (
     BENCH_NODE,
     GO_BURST,
     GO_QPS,
+    BenchClaim,
     BenchError,
-    ClaimRef,
     DRAClient,
     PluginUnderTest,
     allocated_claims,
@@ -65,7 +65,7 @@ class Memory:
     startup: str = ""
 
 
-async def prepare_all(plugin: PluginUnderTest, claims: list[ClaimRef], memory: Memory) -> None:
+async def prepare_all(plugin: PluginUnderTest, claims: list[BenchClaim], memory: Memory) -> None:
     client = DRAClient(plugin.dra_socket)
     try:
         await asyncio.gather(*(client.prepare([c]) for c in claims))

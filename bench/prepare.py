@@ -33,8 +33,8 @@ from bench.common import (
     GO_BURST,
     GO_DRIVER,
     GO_QPS,
+    BenchClaim,
     BenchError,
-    ClaimRef,
     DRAClient,
     PluginUnderTest,
     allocated_claims,
@@ -85,7 +85,7 @@ class Result:
 
 
 async def run_scenarios(
-    plugin: PluginUnderTest, claims: list[ClaimRef], iterations: int, rounds: int
+    plugin: PluginUnderTest, claims: list[BenchClaim], iterations: int, rounds: int
 ) -> Result:
     result = Result()
     client = DRAClient(plugin.dra_socket)

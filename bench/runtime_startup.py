@@ -37,7 +37,7 @@ from devtools.cluster.config import Layout, Runtime
 from devtools.cluster.local import LocalCluster
 from devtools.cluster.probe import parse_report
 from devtools.cluster.wait import wait_until
-from dradriver.k8s.client import KubeAPIError
+from dradriver.k8s.errors import KubeAPIError
 from dradriver.k8s.objects import Obj
 from dradriver.k8s.paths import path_for
 

@@ -5,7 +5,8 @@ Run with ``python -m bench.slices [--sizes 1000,10000] [--no-go]``. Uses the loc
 
 dradriver's SlicePublisher and build_node_slices run in-process against the apiserver with
 the admin kubeconfig, for driver ``slices.bench.dradriver.dev`` on node ``bench-node`` (no
-Node object: the slices then carry no owner reference). Per size, each step is one
+Node object: the slices then carry no owner reference), reading the slices from an
+informer as the plugin does. Per size, each step builds the node's pool and runs one
 ``SlicePublisher.sync()``:
 
 1. publish from scratch (no slices of this driver and node exist);
@@ -50,8 +51,8 @@ from devtools.cluster.wait import wait_until
 from dradriver.devices.config import StaticDeviceEntry
 from dradriver.devices.model import Device
 from dradriver.k8s.client import KubeClient, load_connection
-from dradriver.resourceslice.builder import build_node_slices
-from dradriver.resourceslice.publisher import SlicePublisher
+from dradriver.resourceslice.pool import node_pool
+from dradriver.resourceslice.publisher import SlicePublisher, slice_informer
 
 DRIVER = "slices.bench.dradriver.dev"
 GO_NODE = "bench-go-slices"
@@ -83,16 +84,17 @@ async def measure(api: AdminAPI, kubeconfig: Path, count: int) -> list[Step]:
     inventory = devices(count)
     client = KubeClient(load_connection(str(kubeconfig)), "dradriver-bench-slices")
 
-    def desired(generation: int) -> list[dict[str, object]]:
-        return build_node_slices(DRIVER, BENCH_NODE, inventory, [], generation)
-
-    publisher = SlicePublisher(client, DRIVER, BENCH_NODE, desired)
+    cache = slice_informer(client, DRIVER, BENCH_NODE)
+    cache.start()
+    await cache.wait_for_sync()
+    publisher = SlicePublisher(client, DRIVER, cache, node=BENCH_NODE)
     steps: list[Step] = []
 
     async def step(name: str) -> None:
         before = client.write_count
         started = time.perf_counter()
-        writes = await publisher.sync()
+        publisher.set_pool(node_pool(DRIVER, BENCH_NODE, inventory, []))
+        writes = (await publisher.sync(BENCH_NODE)).writes
         seconds = time.perf_counter() - started
         if client.write_count - before != writes:
             raise BenchError(
@@ -115,6 +117,7 @@ async def measure(api: AdminAPI, kubeconfig: Path, count: int) -> list[Step]:
         if published_devices(api, BENCH_NODE, DRIVER) != count:
             raise BenchError(f"the apiserver does not hold {count} devices after publishing")
     finally:
+        await cache.stop()
         await client.aclose()
     return steps
 

@@ -16,13 +16,9 @@ from pathlib import Path
 
 from fastapi import FastAPI
 
-from controller.claims.reconciler import (
-    ClaimReconciler,
-    ParametersReconciler,
-    claims_using,
-    parameters_used_by,
-)
+from controller.claims.reconciler import ClaimReconciler, claims_using
 from controller.networkpools.reconciler import NetworkPoolReconciler, pool_of_slice, pools_of_claim
+from controller.parameters import ParametersReconciler, parameters_used_by
 from controller.pinning import ParametersPinReconciler, claims_referencing
 from dradriver.api import networkpool as net
 from dradriver.api import parameters as params

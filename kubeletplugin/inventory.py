@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
-from dradriver.devices.model import Device
+from dradriver.devices.model import CounterSet, Device
 from dradriver.log import get_logger
 from dradriver.plugin.interface import DeviceHealth
+from dradriver.resourceslice.pool import Pool, node_pool
 
 log = get_logger("kubeletplugin.inventory")
 
 
-class Inventory:
+class NodeInventory:
     """Devices by name; ``refresh`` re-runs discovery (health included)."""
 
     def __init__(self, pool: str, discover: Callable[[], list[Device]]) -> None:
@@ -34,6 +35,19 @@ class Inventory:
                     log.warning("device health changed", device=name, healthy=found[name].healthy)
         self.devices = found
         return changed
+
+    def resource_pool(
+        self,
+        driver: str,
+        counter_sets: Sequence[CounterSet],
+        shown: Callable[[list[Device]], list[Device]] | None = None,
+    ) -> Pool:
+        """What this node publishes: its devices (those ``shown`` leaves to DRA, when the
+        device-plugin shim takes some) as the node's pool; SliceError if they cannot be."""
+        devices = list(self.devices.values())
+        if shown is not None:
+            devices = shown(devices)
+        return node_pool(driver, self.pool, devices, counter_sets)
 
     def health(self) -> list[DeviceHealth]:
         return [

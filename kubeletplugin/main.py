@@ -12,8 +12,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from dradriver import DEFAULT_DRIVER_NAME
-from dradriver.devices.config import ConfigError, DriverConfig, load_config
+from dradriver.devices.config import DriverConfig, DriverConfigError, load_config
 from dradriver.devices.sources import build_sources, discover_all
+from dradriver.devices.static import MockDeviceError
 from dradriver.host.cdi import CDIRegistry
 from dradriver.host.hooks import Hook
 from dradriver.host.ledger import Ledger, LedgerError
@@ -21,9 +22,9 @@ from dradriver.httpserver import HTTPEndpoint, build_app
 from dradriver.k8s.client import KubeClient, load_connection
 from dradriver.log import configure, get_logger
 from dradriver.plugin.helper import KubeletPluginHelper, PluginPaths
-from dradriver.resourceslice.builder import build_node_slices
-from dradriver.resourceslice.publisher import SlicePublisher
-from kubeletplugin.inventory import Inventory
+from dradriver.resourceslice.pool import SliceError
+from dradriver.resourceslice.publisher import SlicePublisher, slice_informer
+from kubeletplugin.inventory import NodeInventory
 from kubeletplugin.legacy.podresources import HoldReconciler, PodResourcesClient
 from kubeletplugin.legacy.shim import DevicePluginSetupError, DevicePluginShim
 from kubeletplugin.metrics import PluginMetrics
@@ -140,7 +141,7 @@ class Plugin:
         self.client = KubeClient(load_connection(args.kubeconfig), "dradriver-kubeletplugin")
         self.ledger = Ledger.load(Path(state_dir) / "ledger.json")
         sources = build_sources(config)
-        self.inventory = Inventory(self.node, lambda: discover_all(sources))
+        self.inventory = NodeInventory(self.node, lambda: discover_all(sources))
         self.shim: DevicePluginShim | None = None
         self.hold_reconciler: HoldReconciler | None = None
         kubelet_root = Path(args.kubelet_root)
@@ -178,21 +179,29 @@ class Plugin:
         )
         self.helper = KubeletPluginHelper(self.driver, self.paths)
         self.helper.registration.on_registered = self.metrics.registrations.inc
-        self.publisher = SlicePublisher(self.client, self.driver_name, self.node, self._slices)
-        if self.shim is not None:
-            self.shim.on_dra_view_change = self.publisher.trigger
-
-    def _slices(self, generation: int) -> list[dict[str, object]]:
-        devices = list(self.inventory.devices.values())
-        if self.shim is not None:
-            devices = self.shim.dra_devices(devices)
-        return build_node_slices(
+        self.slices = slice_informer(self.client, self.driver_name, self.node)
+        self.publisher = SlicePublisher(
+            self.client,
             self.driver_name,
-            self.node,
-            devices,
-            list(self.config.counter_sets),
-            generation,
+            self.slices,
+            node=self.node,
+            on_write=self.metrics.slice_writes.inc,
         )
+        self._publish_inventory()
+        if self.shim is not None:
+            self.shim.on_dra_view_change = self._publish_inventory
+
+    def _publish_inventory(self) -> None:
+        """Hand the node's current pool to the publisher (which syncs it if it changed)."""
+        shown = self.shim.dra_devices if self.shim is not None else None
+        try:
+            pool = self.inventory.resource_pool(
+                self.driver_name, list(self.config.counter_sets), shown
+            )
+        except SliceError as e:  # keep publishing the last good pool
+            self.driver.handle_error(e, "building the node's ResourceSlices")
+            return
+        self.publisher.set_pool(pool)
 
     def ready(self) -> tuple[bool, str]:
         if not self.helper.registered:
@@ -211,7 +220,7 @@ class Plugin:
     async def _health_loop(self) -> None:
         while True:
             if self.inventory.refresh():
-                self.publisher.trigger()
+                self._publish_inventory()
             if self.shim is not None:
                 # Health and availability (claims prepared by another plugin instance too).
                 self.shim.refresh()
@@ -241,15 +250,8 @@ class Plugin:
         await self.helper.start()
         if self.shim is not None:
             await self.shim.start()
-        before = self.publisher.writes
-
-        def count_writes() -> None:
-            nonlocal before
-            self.metrics.slice_writes.inc(self.publisher.writes - before)
-            before = self.publisher.writes
-
-        self.publisher.on_sync = count_writes
         tasks = [
+            asyncio.create_task(self.slices.run()),
             asyncio.create_task(self.publisher.run(self.driver.handle_error)),
             asyncio.create_task(self._health_loop()),
         ]
@@ -286,7 +288,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     configure(args.log_level)
     try:
         return asyncio.run(_main(args))
-    except (ConfigError, DevicePluginSetupError, LedgerError, UsageError) as e:
+    except (
+        DriverConfigError,
+        DevicePluginSetupError,
+        LedgerError,
+        MockDeviceError,
+        UsageError,
+    ) as e:
         print(f"dradriver-kubeletplugin: error: {e}", file=sys.stderr)
         return 1
 

@@ -16,20 +16,21 @@ from typing import Protocol
 
 from dradriver.api import networkpool as net
 from dradriver.api import pinnedparameters as pins
-from dradriver.api.opaqueconfig import ConfigError, EffectiveConfig, effective_configs
+from dradriver.api.opaqueconfig import DeviceConfigError, EffectiveConfig, effective_configs
 from dradriver.api.wellknown import CONFLICT_ANNOTATION
-from dradriver.host.cdi import CDIDevice, CDIRegistry
+from dradriver.host.cdi import CDIDevice, CDIRegistry, check_host_device_nodes
 from dradriver.host.containeredits import ContainerEdits
 from dradriver.host.hooks import Hook, HookError, run_hook
 from dradriver.host.ledger import ClaimDevice, DeviceBusy, DeviceKey, Ledger, LedgerError
 from dradriver.host.ledgercommits import GroupCommitter
-from dradriver.k8s.client import KubeAPIError, KubeClient
+from dradriver.k8s.client import KubeClient
+from dradriver.k8s.errors import KubeAPIError
 from dradriver.k8s.objects import Obj
 from dradriver.k8s.paths import RESOURCE_V1, path_for
 from dradriver.log import get_logger
 from dradriver.plugin.claimlock import ClaimLocks
 from dradriver.plugin.interface import ClaimRef, PreparedDevice, PrepareResult
-from kubeletplugin.inventory import Inventory
+from kubeletplugin.inventory import NodeInventory
 from kubeletplugin.metrics import PluginMetrics
 
 log = get_logger("kubeletplugin.driver")
@@ -79,7 +80,7 @@ class NodeDriver:
         *,
         client: KubeClient,
         driver_name: str,
-        inventory: Inventory,
+        inventory: NodeInventory,
         ledger: Ledger,
         cdi: CDIRegistry,
         setup: Hook | None = None,
@@ -181,7 +182,7 @@ class NodeDriver:
             raise PrepareError(f"ResourceClaim {claim}: {e}") from e
         try:
             configs = effective_configs(self.driver_name, config, requests)
-        except ConfigError as e:
+        except DeviceConfigError as e:
             raise PrepareError(f"ResourceClaim {claim}: invalid opaque config: {e}") from e
         planned = []
         for r in results:
@@ -307,7 +308,10 @@ class NodeDriver:
             if self.setup is not None:
                 for p in planned:
                     await run_hook(self.setup, self._hook_env(claim, p))
-            ids = self.cdi.write_claim(claim.uid, self._cdi_devices(claim, planned))
+            cdi_devices = self._cdi_devices(claim, planned)
+            # After the setup hooks (they may create nodes); a ValueError, so rolled back.
+            check_host_device_nodes(cdi_devices)
+            ids = self.cdi.write_claim(claim.uid, cdi_devices)
             recorded = {DeviceKey(p.pool, p.device, p.share_id): [ids[p.cdi_name]] for p in planned}
             await self._commits.run(lambda: self.ledger.complete_prepare(claim.uid, recorded))
         except (HookError, OSError, ValueError) as e:

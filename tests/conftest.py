@@ -1,4 +1,10 @@
-"""Test tiers: ``unit``, ``grpc`` and ``cluster``, marked by directory.
+"""Test tiers: ``unit``, ``grpc``, ``fuzz`` and ``cluster``, marked by directory.
+
+The fuzz tier's hypothesis tests take the ``fuzz`` profile registered here as
+their parent settings: derandomized (every run tries the same examples, so a
+failure reproduces), no deadline, no example database, and a failure prints the
+falsifying example and a ``@reproduce_failure`` blob. Each test bounds its own
+``max_examples``.
 
 The cluster tier runs against the project's local cluster: real etcd,
 kube-apiserver, kube-controller-manager, kube-scheduler and kubelets; node-1
@@ -22,6 +28,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 from devtools.cluster.api import AdminAPI
 from devtools.cluster.config import (
@@ -32,7 +39,16 @@ from devtools.cluster.config import (
 )
 from devtools.cluster.local import LocalCluster, running_cluster
 
-TIERS = ("unit", "grpc", "cluster")
+TIERS = ("unit", "grpc", "fuzz", "cluster")
+
+settings.register_profile(
+    "fuzz",
+    derandomize=True,
+    deadline=None,
+    database=None,
+    print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -1,6 +1,7 @@
 """Pure parts of controller allocation: who asks for it, the effective request (parameters'
 ``count`` and ``selectors`` applied), config pinning, conflict detection, and which claims
-keep a DeviceClaimParameters object in use.
+keep a DeviceClaimParameters object in use; the names of our claim annotations and
+finalizers, and ResourceClaim accessors the other reconcilers share.
 
 Everything here works on resource.k8s.io/v1 JSON dicts and has no I/O, so it is unit
 tested on its own; :mod:`controller.claims.reconciler` does the API writes.
@@ -15,7 +16,9 @@ from typing import Any
 
 from dradriver.allocator import AllocatedState, DeviceID, claim_key
 from dradriver.api import parameters as params
-from dradriver.k8s.objects import Obj
+from dradriver.k8s.objects import Obj, annotations_of, finalizers, meta
+from dradriver.k8s.paths import RESOURCE_V1, path_for
+from dradriver.runtime import split_key
 
 ALLOCATION_ANNOTATION = "dradriver.dev/allocation"
 """``dradriver.dev/allocation: Immediate`` on a claim asks the controller to allocate it."""
@@ -30,18 +33,10 @@ IMMEDIATE = params.AllocationMode.IMMEDIATE.value
 Lookup = Callable[[str, str], Obj | None]
 
 
-def meta(obj: Mapping[str, Any]) -> Obj:
-    value: Obj = obj.get("metadata") or {}
-    return value
-
-
-def annotations_of(obj: Mapping[str, Any]) -> dict[str, str]:
-    value: dict[str, str] = meta(obj).get("annotations") or {}
-    return value
-
-
-def finalizers(obj: Mapping[str, Any]) -> list[str]:
-    return list(meta(obj).get("finalizers") or [])
+def claim_path(key: str) -> str:
+    """The REST path of the ResourceClaim ``namespace/name``."""
+    namespace, name = split_key(key)
+    return path_for(RESOURCE_V1, "resourceclaims", namespace, name)
 
 
 def allocation_of(claim: Mapping[str, Any]) -> Obj | None:

@@ -7,7 +7,7 @@ its claim informer: a device is added when a claim's ``status.allocation`` goes
 nil→set and removed when it goes set→nil or the claim is deleted. It does not count
 holders. So when two claims hold device D at once (the controller wrote D into claim A
 while the scheduler wrote it into claim B, see
-:class:`controller.claims.reconciler.ClaimReconciler`) and either one lets go, the
+:mod:`controller.claims.conflicts`) and either one lets go, the
 scheduler drops D from its set although the other claim still holds D, and may hand D
 out a third time.
 
@@ -42,7 +42,7 @@ the scheduler's set). The residual risk: between the removal and the fence's all
 write (milliseconds) a scheduling cycle can still pick D; and marks are kept in memory,
 so a controller that crashes in that window leaves the set un-repaired.
 
-Everything here is pure (no I/O); the reconciler does the API calls.
+Everything here is pure (no I/O); :mod:`controller.claims.fencing` does the API calls.
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ from enum import Enum
 from typing import Any
 
 from dradriver.allocator import AllocatedState, DeviceID
-from dradriver.k8s.objects import Obj
+from dradriver.k8s.objects import Obj, annotations_of, labels_of, meta, revision
 
 FENCE_LABEL = "dradriver.dev/fence"
 """``dradriver.dev/fence: "true"`` marks a fence claim."""
@@ -78,26 +78,14 @@ def fence_key(namespace: str, device: DeviceID) -> str:
     return f"{namespace}/{fence_name(device)}"
 
 
-def _meta(obj: Mapping[str, Any]) -> Obj:
-    value: Obj = obj.get("metadata") or {}
-    return value
-
-
 def is_fence(claim: Mapping[str, Any] | None) -> bool:
-    return claim is not None and (_meta(claim).get("labels") or {}).get(FENCE_LABEL) == "true"
+    return claim is not None and labels_of(claim).get(FENCE_LABEL) == "true"
 
 
 def is_fence_key(namespace: str, key: str) -> bool:
     """Whether ``key`` names a fence of ours (the name alone; see :func:`is_fence`)."""
     ns, _, name = key.partition("/")
     return ns == namespace and name.startswith(NAME_PREFIX)
-
-
-def rv(obj: Mapping[str, Any] | None) -> int:
-    try:
-        return int(_meta(obj or {}).get("resourceVersion") or 0)
-    except ValueError:
-        return 0
 
 
 def allocated(claim: Mapping[str, Any] | None) -> bool:
@@ -116,7 +104,7 @@ def exclusive(allocation: Mapping[str, Any] | None) -> list[DeviceID]:
 
 def fence_devices(claim: Mapping[str, Any]) -> list[DeviceID]:
     """The devices a fence holds (its annotation, so also before its allocation is written)."""
-    raw = (_meta(claim).get("annotations") or {}).get(DEVICES_ANNOTATION)
+    raw = annotations_of(claim).get(DEVICES_ANNOTATION)
     if raw:
         try:
             return [(str(d[0]), str(d[1]), str(d[2])) for d in json.loads(raw)]
@@ -232,12 +220,12 @@ def decide(fence: Mapping[str, Any] | None, holders: list[str], mark: int) -> De
         if mark:
             return Decision(Action.CREATE, f"removed at {mark} while held by {holders[0]}")
         return Decision(Action.NONE, "the scheduler still tracks the device")
-    if _meta(fence).get("deletionTimestamp"):
+    if meta(fence).get("deletionTimestamp"):
         return Decision(Action.NONE, "the fence is being deleted (re-created once gone)")
     if not allocated(fence):
         return Decision(Action.ALLOCATE, f"pending fence, device held by {holders[0]}")
-    if mark and rv(fence) < mark:
-        return Decision(Action.PULSE, f"allocated at {rv(fence)}, device removed at {mark}")
+    if mark and revision(fence) < mark:
+        return Decision(Action.PULSE, f"allocated at {revision(fence)}, device removed at {mark}")
     return Decision(Action.NONE, f"guards {holders[0]}")
 
 
@@ -266,8 +254,3 @@ class Marks:
 
     def __len__(self) -> int:
         return len(self._rv)
-
-
-def fence_annotations(obj: Mapping[str, Any]) -> dict[str, str]:
-    value: dict[str, str] = _meta(obj).get("annotations") or {}
-    return value

@@ -22,19 +22,12 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from controller.claims.allocation import (
-    allocated_node,
-    allocation_of,
-    finalizers,
-    meta,
-    reserved_for,
-)
+from controller.claims.allocation import allocated_node, allocation_of, reserved_for
 from controller.claims.fences import is_fence
-from controller.claims.reconciler import EventRecorder
 from controller.networkpools.attach import (
     AttachBackend,
     AttachError,
@@ -45,11 +38,22 @@ from controller.networkpools.attach import (
 from dradriver.allocator import claim_key
 from dradriver.api import networkpool as net
 from dradriver.api import parameters as params
-from dradriver.k8s.client import KubeAPIError, KubeClient
-from dradriver.k8s.objects import Obj
+from dradriver.k8s.client import KubeClient
+from dradriver.k8s.errors import KubeAPIError
+from dradriver.k8s.events import EventRecorder
+from dradriver.k8s.limits import MAX_DEVICES_PER_SLICE_WITH_TAINTS_OR_COUNTERS
+from dradriver.k8s.objects import Obj, finalizers, meta
 from dradriver.k8s.paths import RESOURCE_V1, path_for
 from dradriver.log import get_logger
-from dradriver.resourceslice.builder import slices_equal
+from dradriver.resourceslice.pool import (
+    AllNodes,
+    NodeSelection,
+    NodeSelector,
+    Owner,
+    PerDeviceNodeSelection,
+    Pool,
+)
+from dradriver.resourceslice.publisher import SlicePublisher
 from dradriver.runtime import Informer, RequeueAfter
 
 log = get_logger("controller.networkpools")
@@ -98,27 +102,47 @@ def pool_of_slice(driver: str) -> Callable[[Obj], Iterable[str]]:
     return mapper
 
 
-def _reach(spec: Obj) -> Obj:
-    # The fields slices_equal does not compare: node reachability and binding.
-    return {
-        "nodeSelector": spec.get("nodeSelector"),
-        "allNodes": bool(spec.get("allNodes")),
-        "perDevice": bool(spec.get("perDeviceNodeSelection")),
-        "devices": [
-            (
-                d.get("nodeSelector"),
-                bool(d.get("allNodes")),
-                bool(d.get("bindsToNode")),
-                d.get("bindingConditions"),
-                d.get("bindingFailureConditions"),
-            )
-            for d in spec.get("devices") or []
-        ],
-    }
+def network_pool(
+    driver: str,
+    name: str,
+    spec: net.NetworkDevicePoolSpec,
+    owner_uid: str,
+    generation: int,
+    cooling: Collection[str] = (),
+) -> Pool:
+    """The ResourceSlice pool ``network/<name>`` of NetworkDevicePool ``name``.
 
-
-def same_slice(desired: Obj, existing: Obj) -> bool:
-    return slices_equal(desired, existing) and _reach(desired) == _reach(existing)
+    Owned by the pool object (its slices go with it) and labelled with its name. The
+    devices reach the pool's nodeSelector, or every node, or, once a device has a
+    selector of its own, each its own (perDeviceNodeSelection). ``cooling``: devices
+    whose attach failed recently; they get the attach-failed taint. Slices hold at most
+    the tainted-slice limit, so a taint coming or going rewrites one slice in place
+    instead of moving devices between slices. The pool generation follows the object's
+    generation: a spec change republishes every slice.
+    """
+    per_device = any(d.node_selector is not None for d in spec.devices)
+    selection: NodeSelection
+    pool_selector = net.selector_to_api(spec.node_selector)
+    if per_device:
+        selection = PerDeviceNodeSelection()
+    elif pool_selector is not None:
+        selection = NodeSelector(pool_selector)
+    else:
+        selection = AllNodes()
+    return Pool(
+        driver=driver,
+        name=net.pool_name(name),
+        node_selection=selection,
+        slice_name_prefix=f"network-{name}-{driver.replace('.', '-')}",
+        devices=tuple(
+            net.api_device(driver, d, per_device, spec.node_selector, d.name in cooling)
+            for d in sorted(spec.devices, key=lambda d: d.name)
+        ),
+        owner=Owner(f"{driver}/{net.VERSION}", net.KIND, name, owner_uid),
+        labels={f"{driver}/network-pool": name},
+        devices_per_slice=MAX_DEVICES_PER_SLICE_WITH_TAINTS_OR_COUNTERS,
+        min_generation=generation,
+    )
 
 
 def condition(
@@ -156,6 +180,9 @@ class NetworkPoolReconciler:
         self.is_leader = is_leader
         self.events = events or EventRecorder(client)
         self.api_version = f"{driver}/{net.VERSION}"
+        # The driver's one slice publisher, reading this controller's slice cache; the
+        # leader check runs before each of its writes.
+        self.publisher = SlicePublisher(client, driver, slices, before_write=self._check_leader)
         self._backends: dict[str, tuple[str, AttachBackend]] = {}
         # (pool, device) -> monotonic time its attach-failed taint ends (in memory: a new
         # leader starts without taints, which only costs one more failed attempt).
@@ -215,8 +242,12 @@ class NetworkPoolReconciler:
     async def __call__(self, key: str) -> None:
         obj = self.pools.get(key)
         if obj is None:
+            # The finalizer saw to detaching. Its slices would go with it (ownerReferences);
+            # deleting them now takes its devices off the scheduler's list at once.
             self._backends.pop(key, None)
-            return  # its slices go with it (ownerReferences); the finalizer saw to detaching
+            self.publisher.remove_pool(net.pool_name(key))
+            await self.publisher.sync(net.pool_name(key))
+            return
         deleting = bool(meta(obj).get("deletionTimestamp"))
         try:
             spec = net.validate_object(obj)
@@ -266,54 +297,25 @@ class NetworkPoolReconciler:
         return out
 
     async def _publish(self, key: str, obj: Obj, spec: net.NetworkDevicePoolSpec) -> None:
-        desired = net.build_slices(
+        pool = network_pool(
             self.driver,
             key,
             spec,
-            int(meta(obj).get("generation") or 1),
             meta(obj)["uid"],
+            int(meta(obj).get("generation") or 1),
             cooling=self._cooling(key),
         )
-        pool = net.pool_name(key)
-        existing = {
-            meta(s)["name"]: s
-            for s in self.slices.items()
-            if (s.get("spec") or {}).get("driver") == self.driver
-            and ((s.get("spec") or {}).get("pool") or {}).get("name") == pool
-        }
-        wanted_names = {meta(s)["name"] for s in desired}
-        writes = 0
-        for name in sorted(set(existing) - wanted_names):
-            self._check_leader(key)
-            await self.client.delete(path_for(RESOURCE_V1, "resourceslices", None, name))
-            writes += 1
-        for body in desired:
-            name = body["metadata"]["name"]
-            current = existing.get(name)
-            if current is None:
-                self._check_leader(key)
-                try:
-                    await self.client.create(path_for(RESOURCE_V1, "resourceslices"), body)
-                except KubeAPIError as e:
-                    if e.status != 409:  # the informer is behind: the next pass updates it
-                        raise
-                writes += 1
-            elif not same_slice(body["spec"], current.get("spec") or {}):
-                self._check_leader(key)
-                await self.client.replace(
-                    path_for(RESOURCE_V1, "resourceslices", None, name),
-                    {**body, "metadata": {**body["metadata"], **_keep_rv(current)}},
-                )
-                writes += 1
-        if writes:
-            log.info("network pool published", pool=key, slices=len(desired), writes=writes)
-        await self._set_published(
-            key,
-            obj,
-            "True",
-            "Published",
-            f"{len(spec.devices)} device(s) in {len(desired)} ResourceSlice(s) of pool {pool}",
+        self.publisher.set_pool(pool)
+        result = await self.publisher.sync(pool.name)
+        if result.writes:
+            log.info("network pool published", pool=key, slices=result.slices, writes=result.writes)
+        message = (
+            f"{len(spec.devices)} device(s) in {result.slices} ResourceSlice(s) of pool {pool.name}"
         )
+        dropped = self.publisher.dropped(pool.name)
+        if dropped:
+            message += "; " + "; ".join(dropped)
+        await self._set_published(key, obj, "True", "Published", message)
 
     async def _set_published(
         self, key: str, obj: Obj, status: Literal["True", "False"], reason: str, message: str
@@ -567,7 +569,3 @@ def _same_conditions(entry: Obj, conditions: list[Obj], data: Obj | None) -> boo
         return same
     current = {k: v for k, v in (entry.get("data") or {}).items() if k in data}
     return same and json.dumps(current, sort_keys=True) == json.dumps(data, sort_keys=True)
-
-
-def _keep_rv(obj: Obj) -> Obj:
-    return {"resourceVersion": meta(obj)["resourceVersion"]}

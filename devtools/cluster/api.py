@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from devtools.cluster.wait import wait_until
-from dradriver.k8s.client import KubeAPIError, SyncKubeClient, connection_from_files
+from dradriver.k8s.client import SyncKubeClient, connection_from_files
+from dradriver.k8s.errors import KubeAPIError
 from dradriver.k8s.objects import Obj
 from dradriver.k8s.paths import path_for
 

@@ -53,7 +53,7 @@ from devtools.cluster.config import (
 )
 from devtools.cluster.process import ManagedProcess, ProcessRecord
 from devtools.cluster.wait import wait_until
-from dradriver.k8s.client import KubeAPIError
+from dradriver.k8s.errors import KubeAPIError
 from dradriver.k8s.paths import path_for
 from dradriver.log import get_logger
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 from devtools.cluster.api import AdminAPI
 from devtools.cluster.wait import wait_until
-from dradriver.k8s.client import KubeAPIError
+from dradriver.k8s.errors import KubeAPIError
 
 _ESCAPE = re.compile(r"\\([0-7]{3})")
 

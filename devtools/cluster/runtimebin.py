@@ -3,7 +3,9 @@
 The sources are the Go modules under ``runtimebin/``: one nested module per
 upstream (``containerd/``, ``runc/``, ``cni/``), each pinning exactly the
 dependency versions its upstream selects, and the parent module with the
-project's own ``cmd/probe`` (pause process and report probe). The binaries are
+project's own ``cmd/probe`` (pause process and report probe); the containerd module
+also holds ``cmd/cdicheck``, which checks CDI specs with containerd's own CDI
+library (see :mod:`devtools.cluster.cdicheck`). The binaries are
 cached outside the work tree in
 ``<cache>/runtime/<versions>-<digest>/bin``, where ``<cache>`` is
 ``DRADRIVER_CACHE_DIR`` or ``~/.cache/dradriver`` and the digest covers every
@@ -15,7 +17,8 @@ kubelet creates); on Debian, ``libseccomp-dev`` is installed with apt-get when
 it is missing. Everything else is built with ``CGO_ENABLED=0``.
 
 ``python -m devtools.cluster.runtimebin`` builds (or finds) them and prints the
-bin dir.
+bin dir. :func:`ensure_binary` builds a single component on a miss, for a
+caller that needs one tool (the CDI checker) and not the whole runtime.
 """
 
 from __future__ import annotations
@@ -68,11 +71,13 @@ _CNI_LDFLAGS = (
     "-s -w -X github.com/containernetworking/plugins/pkg/utils/buildversion.BuildVersion={cni}"
 )
 
-# Build order: the small probe first, then runc (the one cgo build), then the
+# Build order: the small probe first, then the CDI checker (a few of
+# containerd's dependencies), then runc (the one cgo build), then the
 # containerd binaries (they share most packages, so ctr and the shim are quick
 # once containerd is built), then the CNI plugins.
 COMPONENTS: tuple[Component, ...] = (
     Component("probe", ".", ("./cmd/probe",), ("probe",)),
+    Component("cdicheck", "containerd", ("./cmd/cdicheck",), ("cdicheck",)),
     Component(
         "runc",
         "runc",
@@ -196,6 +201,17 @@ def ensure_runtime_binaries() -> Path:
     return target / "bin"
 
 
+def ensure_binary(binary: str) -> Path:
+    """The path of one runtime binary, building only its component on a cache miss."""
+    component = next((c for c in COMPONENTS if binary in c.outputs), None)
+    if component is None:
+        raise RuntimeBuildError(f"no runtime component builds {binary!r} (one of {BINARIES})")
+    target = build_dir()
+    if not _built(target, component):
+        _build(target, only=component)
+    return target / "bin" / binary
+
+
 def build_times() -> dict[str, float] | None:
     """Seconds each component took when this cache entry was built, if known."""
     try:
@@ -205,10 +221,34 @@ def build_times() -> dict[str, float] | None:
     times = data.get("seconds") if isinstance(data, dict) else None
     if not isinstance(times, dict):
         return None
-    return {str(k): float(v) for k, v in times.items()}
+    return {str(k): float(v) for k, v in times.items() if isinstance(v, (int, float))}
 
 
-def _build(target: Path) -> None:
+def component_build_seconds(name: str) -> float | None:
+    """Seconds the named component took when it was built into this cache entry, if known."""
+    return _marker_seconds(build_dir(), name)
+
+
+def _marker(target: Path, name: str) -> Path:
+    """Written after one component's build succeeded, so a later build skips it."""
+    return target / f".built-{name}"
+
+
+def _marker_seconds(target: Path, name: str) -> float | None:
+    try:
+        data = json.loads(_marker(target, name).read_text())
+    except (OSError, ValueError):
+        return None
+    seconds = data.get("seconds") if isinstance(data, dict) else None
+    return float(seconds) if isinstance(seconds, (int, float)) else None
+
+
+def _built(target: Path, component: Component) -> bool:
+    return (target / ".complete").exists() or _marker(target, component.name).exists()
+
+
+def _build(target: Path, only: Component | None = None) -> None:
+    """Build every component not yet built (or just ``only``) into ``target``."""
     go = shutil.which("go")
     if go is None:
         raise RuntimeBuildError(
@@ -221,21 +261,32 @@ def _build(target: Path) -> None:
     with open(lock_path, "w") as lock:
         # A parallel test run or CI job may be building the same key.
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if (target / ".complete").exists():
+        wanted = COMPONENTS if only is None else (only,)
+        todo = [c for c in wanted if not _built(target, c)]
+        if not todo:
             return
-        _ensure_libseccomp()
+        if any(c.cgo for c in todo):
+            _ensure_libseccomp()
         bin_dir = target / "bin"
         bin_dir.mkdir(exist_ok=True)
         versions = pinned_versions()
-        log.info("building runtime binaries", into=str(bin_dir), **versions)
+        log.info(
+            "building runtime binaries",
+            into=str(bin_dir),
+            components=",".join(c.name for c in todo),
+            **versions,
+        )
         started = time.monotonic()
-        seconds: dict[str, float] = {}
-        for index, component in enumerate(COMPONENTS, 1):
-            seconds[component.name] = _build_one(
-                go, component, versions, bin_dir, target / "build.log", index, started
+        for index, component in enumerate(todo, 1):
+            took = _build_one(
+                go, component, versions, bin_dir, target / "build.log", index, len(todo), started
             )
+            _marker(target, component.name).write_text(json.dumps({"seconds": took}) + "\n")
+        if only is not None:
+            return
         _check_runc(bin_dir / "runc")
         total = time.monotonic() - started
+        seconds = {c.name: _marker_seconds(target, c.name) for c in COMPONENTS}
         record = {"seconds": seconds, "total": round(total, 1), "versions": versions}
         (target / ".complete").write_text(json.dumps(record, indent=1) + "\n")
         log.info(f"built runtime binaries in {total:.0f} s", bin=str(bin_dir))
@@ -248,9 +299,10 @@ def _build_one(
     bin_dir: Path,
     log_path: Path,
     index: int,
+    count: int,
     started: float,
 ) -> float:
-    step = f"{component.name} ({index}/{len(COMPONENTS)})"
+    step = f"{component.name} ({index}/{count})"
     log.info(f"building {step}, {time.monotonic() - started:.0f} s elapsed")
     out = str(bin_dir / component.outputs[0]) if len(component.outputs) == 1 else f"{bin_dir}/"
     cmd = [go, "build", "-trimpath"]

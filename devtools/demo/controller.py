@@ -25,7 +25,7 @@ from dradriver import DEFAULT_DRIVER_NAME
 from dradriver.api import networkpool as net
 from dradriver.api import parameters as params
 from dradriver.host.cdi import CDIRegistry
-from dradriver.k8s.client import KubeAPIError
+from dradriver.k8s.errors import KubeAPIError
 from dradriver.k8s.objects import Obj
 from dradriver.k8s.paths import RESOURCE_V1, path_for
 

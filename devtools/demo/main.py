@@ -35,13 +35,12 @@ from devtools.cluster.wait import wait_until
 from devtools.demo.controller import run_controller_demo
 from devtools.harness.nodeplugin import (
     NodePlugin,
-    make_mock_device_nodes,
     start_node_plugin,
     wait_for_slices,
 )
 from dradriver import DEFAULT_DRIVER_NAME
 from dradriver.host.cdi import CDIRegistry
-from dradriver.k8s.client import KubeAPIError
+from dradriver.k8s.errors import KubeAPIError
 from dradriver.k8s.objects import Obj
 from dradriver.k8s.paths import RESOURCE_V1, path_for
 
@@ -49,7 +48,6 @@ NAMESPACE = "dradriver-demo"
 LEGACY_RESOURCE = "dradriver.dev/mock"
 DRIVER = DEFAULT_DRIVER_NAME
 PAUSE = "registry.k8s.io/pause:3.10"
-DEVICES = ("dev-0", "dev-1", "dev-2", "dev-3")
 # On the real runtime each container shows what it got, then idles until stopped.
 END = "--- end of report"
 REPORT = f'ls -l /dev/dradriver; env | grep ^DRADRIVER_ | sort; echo "{END}"; exec probe pause'
@@ -110,8 +108,6 @@ def _scenario(
     cluster: LocalCluster, api: AdminAPI, timeline: Timeline, work: Path, timeout: float
 ) -> int:
     node = cluster.layout.node_name
-    if cluster.layout.node(1).runtime == "real":
-        make_mock_device_nodes(work / "mock", DEVICES)
     config = work / "config.yaml"
     config.write_text(
         yaml.safe_dump(

@@ -33,7 +33,7 @@ from devtools.harness.webhook import (
 )
 from dradriver import DEFAULT_DRIVER_NAME
 from dradriver.api import networkpool as net
-from dradriver.k8s.client import KubeAPIError
+from dradriver.k8s.errors import KubeAPIError
 from dradriver.k8s.paths import path_for
 
 NAMESPACE = "dradriver"

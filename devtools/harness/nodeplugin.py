@@ -10,19 +10,19 @@ plugin writes its CDI specs into the dir that node's containerd reads.
 
 from __future__ import annotations
 
-import os
+import json
 import socket
-import stat
 import sys
-from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
+import yaml
 
+from devtools import paths
 from devtools.cluster.api import AdminAPI
-from devtools.cluster.apply import apply_manifests
+from devtools.cluster.apply import apply, apply_manifests
 from devtools.cluster.config import write_kubeconfig
 from devtools.cluster.local import LocalCluster
 from devtools.cluster.process import ManagedProcess
@@ -31,8 +31,54 @@ from dradriver.k8s.paths import RESOURCE_V1, path_for
 
 NAMESPACE = "dradriver"
 SERVICE_ACCOUNT = "dradriver-kubeletplugin"
-PLUGIN_MANIFESTS = ("rbac.yaml", "slice-node-policy.yaml", "deviceclass.yaml")
+PLUGIN_MANIFESTS = ("rbac.yaml", "deviceclass.yaml")
 PLACEHOLDER_IMAGE = "registry.k8s.io/pause:3.10"
+# The admission policies that confine the plugin to its node, pool and driver.
+PLUGIN_POLICIES = ("slice-node-policy.yaml", "claim-status-policy.yaml")
+POLICY_DRIVERS_VARIABLE = "drivers"
+
+
+def install_plugin_policies(api: AdminAPI, driver: str) -> None:
+    """Install the plugin's admission policies, allowing ``driver`` besides those already allowed.
+
+    The manifests name one driver; tests run plugins of several drivers under the one service
+    account at the same time, so the installed list is the union of all of them. The list is a
+    CEL list literal of strings, which is JSON as well.
+    """
+    for name in PLUGIN_POLICIES:
+        for doc in yaml.safe_load_all((paths.MANIFESTS / "kubeletplugin" / name).read_text()):
+            if not doc:
+                continue
+            if doc["kind"] == "ValidatingAdmissionPolicy":
+                variable = _drivers_variable(doc)
+                drivers = set(json.loads(variable["expression"])) | {driver}
+                installed = api.get_or_none(
+                    path_for(
+                        "admissionregistration.k8s.io/v1",
+                        "validatingadmissionpolicies",
+                        name=doc["metadata"]["name"],
+                    )
+                )
+                if installed is not None:
+                    drivers |= _installed_drivers(installed)
+                variable["expression"] = json.dumps(sorted(drivers))
+            apply(api, doc)
+
+
+def _drivers_variable(policy: dict[str, Any]) -> dict[str, Any]:
+    variables: list[dict[str, Any]] = policy["spec"].get("variables", [])
+    for variable in variables:
+        if variable["name"] == POLICY_DRIVERS_VARIABLE:
+            return variable
+    raise ValueError(f"policy {policy['metadata']['name']} has no variable 'drivers'")
+
+
+def _installed_drivers(policy: dict[str, Any]) -> set[str]:
+    """The drivers an installed policy allows; none if it predates the variable."""
+    try:
+        return set(json.loads(_drivers_variable(policy)["expression"]))
+    except ValueError:
+        return set()
 
 
 def free_port() -> int:
@@ -41,26 +87,12 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def make_mock_device_nodes(mock_dir: Path, names: Iterable[str]) -> None:
-    """Character devices with /dev/null's numbers at a static source's mock paths.
-
-    For the real runtime, until mock devices are device nodes themselves (the
-    runtime-devices work): the plugin creates regular mock files, which
-    containerd's CDI library refuses as device nodes, but keeps whatever
-    already exists at a mock path. Call it before the plugin starts.
-    """
-    mock_dir.mkdir(mode=0o755, parents=True, exist_ok=True)
-    rdev = os.stat("/dev/null").st_rdev
-    for name in names:
-        path = mock_dir / name
-        if not path.exists():
-            os.mknod(path, stat.S_IFCHR | 0o666, rdev)
-        path.chmod(0o666)  # the umask took some bits
-
-
-def plugin_identity(api: AdminAPI, cluster: LocalCluster, node: str, workdir: Path) -> Path:
-    """A kubeconfig for the plugin's service account, bound to a pod on ``node``."""
+def plugin_identity(
+    api: AdminAPI, cluster: LocalCluster, node: str, workdir: Path, driver: str = "dradriver.dev"
+) -> Path:
+    """A kubeconfig for the plugin's service account of ``driver``, bound to a pod on ``node``."""
     apply_manifests(api, *(f"kubeletplugin/{name}" for name in PLUGIN_MANIFESTS))
+    install_plugin_policies(api, driver)
     wait_until(
         "plugin ServiceAccount",
         lambda: api.get_or_none(path_for("v1", "serviceaccounts", NAMESPACE, SERVICE_ACCOUNT)),
@@ -207,7 +239,7 @@ def start_node_plugin(
     layouts = {n.name: n for n in cluster.layout.all_nodes()}
     if node not in layouts:
         raise ValueError(f"the local cluster has no node {node!r} (nodes: {sorted(layouts)})")
-    kubeconfig = plugin_identity(api, cluster, node, workdir)
+    kubeconfig = plugin_identity(api, cluster, node, workdir, driver)
     plugin = NodePlugin(
         node=node,
         driver=driver,
@@ -245,8 +277,9 @@ def wait_for_slices(
 
 __all__ = [
     "NodePlugin",
-    "make_mock_device_nodes",
+    "install_plugin_policies",
     "node_slices",
+    "plugin_identity",
     "start_node_plugin",
     "wait_for_slices",
 ]

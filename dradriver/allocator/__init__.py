@@ -4,7 +4,7 @@ Pure logic over resource.k8s.io/v1 JSON dicts, matching the kube-scheduler's str
 allocator (see :mod:`dradriver.allocator.core` for the semantics and the deliberate
 differences)::
 
-    inventory = Inventory(slices, classes)          # index once, reuse
+    inventory = SliceInventory(slices, classes)     # index once, reuse
     allocator = Allocator(inventory)
     state = AllocatedState.from_claims(all_claims)  # what other claims hold
     outcome = allocator.allocate([claim], state, nodes=nodes)
@@ -29,7 +29,7 @@ from dradriver.allocator.core import (
     tolerates,
 )
 from dradriver.allocator.explain import ExplainRow, explain, format_table, summarize
-from dradriver.allocator.inventory import Device, Inventory, Pool
+from dradriver.allocator.inventory import Device, Pool, SliceInventory
 from dradriver.allocator.nodes import NodeInfo, node_info, selector_matches
 from dradriver.allocator.state import AllocatedState, DeviceID, claim_key
 
@@ -41,10 +41,10 @@ __all__ = [
     "Device",
     "DeviceID",
     "ExplainRow",
-    "Inventory",
     "NodeInfo",
     "Outcome",
     "Pool",
+    "SliceInventory",
     "allocate",
     "claim_key",
     "explain",
@@ -67,5 +67,5 @@ def allocate(
     abort_on_cel_error: bool = False,
 ) -> Outcome:
     """One-shot :meth:`Allocator.allocate` (builds the inventory and state each call)."""
-    allocator = Allocator(Inventory(slices, classes), abort_on_cel_error=abort_on_cel_error)
+    allocator = Allocator(SliceInventory(slices, classes), abort_on_cel_error=abort_on_cel_error)
     return allocator.allocate(claims, AllocatedState.from_claims(allocated_claims), node, nodes)

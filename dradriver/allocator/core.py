@@ -34,7 +34,7 @@ from decimal import Decimal
 from typing import Any
 
 from dradriver.allocator.capacity import consumed_capacity, fit
-from dradriver.allocator.inventory import Device, Inventory, Pool, QuantityValue
+from dradriver.allocator.inventory import Device, Pool, QuantityValue, SliceInventory
 from dradriver.allocator.nodes import (
     NodeInfo,
     merge_selectors,
@@ -242,7 +242,7 @@ def _same_value(a: tuple[str, Any], b: tuple[str, Any]) -> bool:
 
 
 class Allocator:
-    """Allocates claims from an :class:`Inventory`; reusable across calls and states.
+    """Allocates claims from an :class:`SliceInventory`; reusable across calls and states.
 
     Selector results are cached for the inventory's lifetime (they do not depend on what
     is allocated), so keep one allocator per inventory and rebuild both when slices or
@@ -251,7 +251,7 @@ class Allocator:
 
     def __init__(
         self,
-        inventory: Inventory,
+        inventory: SliceInventory,
         *,
         abort_on_cel_error: bool = False,
         max_steps: int = DEFAULT_MAX_STEPS,
@@ -743,7 +743,7 @@ class _Run:
 
 
 def build_request(
-    inventory: Inventory,
+    inventory: SliceInventory,
     ci: int,
     claim: Mapping[str, Any],
     base: str,

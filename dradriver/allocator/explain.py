@@ -32,7 +32,7 @@ from dradriver.allocator.core import (
     parse_constraints,
     untolerated,
 )
-from dradriver.allocator.inventory import Device, Inventory
+from dradriver.allocator.inventory import Device, SliceInventory
 from dradriver.allocator.nodes import NodeInfo, node_info
 from dradriver.allocator.state import AllocatedState, claim_key
 from dradriver.cel.quantity import display_quantity
@@ -70,7 +70,7 @@ class ExplainRow:
 
 
 def explain(
-    inventory: Inventory | Allocator,
+    inventory: SliceInventory | Allocator,
     claim: Mapping[str, Any],
     state: AllocatedState | None = None,
     node: Mapping[str, Any] | NodeInfo | str | None = None,
@@ -181,7 +181,7 @@ def _allocated_rows(key: str, outcome: Outcome) -> list[ExplainRow]:
 class _Context:
     def __init__(
         self,
-        inventory: Inventory,
+        inventory: SliceInventory,
         state: AllocatedState,
         node: Mapping[str, Any] | NodeInfo | str | None,
         nodes: Sequence[Mapping[str, Any] | NodeInfo | str] | None,

@@ -32,7 +32,7 @@ from dradriver.cel import DeviceInput, EvalResult, Selector
 from dradriver.devices.quantity import QuantityError, parse_quantity
 from dradriver.k8s.objects import Obj
 
-__all__ = ["Capacity", "Device", "Inventory", "Pool", "QuantityValue"]
+__all__ = ["Capacity", "Device", "Pool", "QuantityValue", "SliceInventory"]
 
 
 @dataclass(frozen=True)
@@ -251,7 +251,7 @@ def _placement(spec: Mapping[str, Any], device: Mapping[str, Any]) -> Obj:
     return {"kind": "unknown", "selector": None}
 
 
-class Inventory:
+class SliceInventory:
     """Slices and classes indexed for allocation (immutable; rebuild when they change)."""
 
     def __init__(

@@ -3,10 +3,11 @@
 A NetworkDevicePool (cluster-scoped, ``<driver>/v1alpha1``) lists devices that live
 outside any node (a fabric-attached accelerator, a remote NIC) and which nodes can reach
 them. The controller publishes each pool as ResourceSlices of pool ``network/<name>``
-with a node selector (or ``allNodes``) instead of a node name; every device has
-``bindsToNode`` and the binding conditions below, so the scheduler picks a node, writes
-the allocation, and holds the pod until the controller has attached the device to that
-node and set ``<driver>/attached`` in the claim's ``status.devices``. The kubelet
+(:func:`api_device` is each device's wire form) with a node selector (or ``allNodes``)
+instead of a node name; every device has ``bindsToNode`` and the binding conditions
+below, so the scheduler picks a node, writes the allocation, and holds the pod until the
+controller has attached the device to that node and set ``<driver>/attached`` in the
+claim's ``status.devices``. The kubelet
 plugin on the node then prepares the device from what the controller pinned in that
 status entry (:func:`attachment_of`), without reading the pool object.
 
@@ -17,7 +18,7 @@ The pydantic models are the single source of the CRD's schema (``python -m devto
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
@@ -31,14 +32,15 @@ from pydantic import (
 )
 
 from dradriver import DEFAULT_DRIVER_NAME
+from dradriver.api import group
 from dradriver.api.crdgen import CRDKind
-from dradriver.api.parameters import ENV_NAME_PATTERN, MAX_ENV, validation_message
+from dradriver.api.parameters import ENV_NAME_PATTERN, MAX_ENV
 from dradriver.devices import names
 from dradriver.devices.attributes import attribute_value
 from dradriver.devices.quantity import QuantityError, parse_quantity
-from dradriver.resourceslice.builder import MAX_DEVICES_PER_SLICE_WITH_TAINTS_OR_COUNTERS
+from dradriver.errors import FieldError, FieldErrors, from_validation_error, under
 
-VERSION = "v1alpha1"
+VERSION = group.VERSION
 KIND = "NetworkDevicePool"
 LIST_KIND = "NetworkDevicePoolList"
 PLURAL = "networkdevicepools"
@@ -91,8 +93,9 @@ def object_name(pool: str) -> str | None:
     return pool[len(POOL_PREFIX) :] if is_network_pool(pool) else None
 
 
-class NetworkPoolError(ValueError):
-    """A NetworkDevicePool spec is invalid; the message names the field."""
+class NetworkPoolError(FieldErrors):
+    """A NetworkDevicePool is invalid (each error names its field), or a network device is
+    not attached to this node (yet)."""
 
 
 # --- spec -------------------------------------------------------------------------------
@@ -318,7 +321,9 @@ def parse_spec(spec: Any, where: str = "spec") -> NetworkDevicePoolSpec:
     try:
         return NetworkDevicePoolSpec.model_validate(spec if spec is not None else {})
     except ValidationError as e:
-        raise NetworkPoolError(validation_message(where, e)) from e
+        raise NetworkPoolError(
+            *under(where, from_validation_error(e, NetworkDevicePoolSpec))
+        ) from e
 
 
 def parse_status(obj: Mapping[str, Any]) -> NetworkDevicePoolStatus:
@@ -334,14 +339,15 @@ def validate_object(obj: Mapping[str, Any]) -> NetworkDevicePoolSpec:
     try:
         names.validate_dns_label(name, "NetworkDevicePool name")
     except ValueError as e:
-        raise NetworkPoolError(f"metadata.name: {e}") from e
+        raise NetworkPoolError(FieldError("metadata.name", str(e))) from e
     return parse_spec(obj.get("spec"))
 
 
-# --- slices -----------------------------------------------------------------------------
+# --- devices as published -----------------------------------------------------------------
 
 
-def _selector(selector: NodeSelector | None) -> dict[str, Any] | None:
+def selector_to_api(selector: NodeSelector | None) -> dict[str, Any] | None:
+    """A node selector in wire form (None: every node)."""
     return None if selector is None else selector.model_dump(by_alias=True, exclude_defaults=True)
 
 
@@ -367,7 +373,7 @@ def api_device(
             names.qualify(k, driver): {"value": v.value} for k, v in sorted(device.capacity.items())
         }
     if per_device:
-        selector = _selector(device.node_selector or pool)
+        selector = selector_to_api(device.node_selector or pool)
         if selector is None:
             out["allNodes"] = True
         else:
@@ -378,69 +384,6 @@ def api_device(
     out["bindingConditions"] = [attached_condition(driver)]
     out["bindingFailureConditions"] = [attach_failed_condition(driver)]
     return out
-
-
-def slice_name(driver: str, pool: str, index: int) -> str:
-    return f"network-{pool}-{driver.replace('.', '-')}-{index:05d}"[:253]
-
-
-def build_slices(
-    driver: str,
-    pool: str,
-    spec: NetworkDevicePoolSpec,
-    generation: int,
-    owner_uid: str,
-    cooling: Collection[str] = (),
-) -> list[dict[str, Any]]:
-    """The ResourceSlices of pool ``pool`` (its object name), owned by the pool object.
-
-    ``cooling``: devices whose attach failed recently; they get the attach-failed taint.
-    Slices always hold at most the tainted-slice limit, so a taint coming or going
-    rewrites one slice in place instead of moving devices between slices.
-    """
-    per_device = any(d.node_selector is not None for d in spec.devices)
-    devices = [
-        api_device(driver, d, per_device, spec.node_selector, d.name in cooling)
-        for d in sorted(spec.devices, key=lambda d: d.name)
-    ]
-    size = MAX_DEVICES_PER_SLICE_WITH_TAINTS_OR_COUNTERS
-    chunks = [devices[i : i + size] for i in range(0, len(devices), size)]
-    reach: dict[str, Any]
-    if per_device:
-        reach = {"perDeviceNodeSelection": True}
-    elif spec.node_selector is not None:
-        reach = {"nodeSelector": _selector(spec.node_selector)}
-    else:
-        reach = {"allNodes": True}
-    owner = {
-        "apiVersion": f"{driver}/{VERSION}",
-        "kind": KIND,
-        "name": pool,
-        "uid": owner_uid,
-        "controller": True,
-    }
-    return [
-        {
-            "apiVersion": "resource.k8s.io/v1",
-            "kind": "ResourceSlice",
-            "metadata": {
-                "name": slice_name(driver, pool, index),
-                "ownerReferences": [owner],
-                "labels": {f"{driver}/network-pool": pool},
-            },
-            "spec": {
-                "driver": driver,
-                "pool": {
-                    "name": pool_name(pool),
-                    "generation": generation,
-                    "resourceSliceCount": len(chunks),
-                },
-                **reach,
-                "devices": chunk,
-            },
-        }
-        for index, chunk in enumerate(chunks)
-    ]
 
 
 # --- what the controller pins for the node plugin -----------------------------------------

@@ -1,47 +1,34 @@
-"""Opaque device configuration for this driver, as it arrives in claims and classes.
+"""Opaque device configuration for this driver, as the kubelet plugin applies it.
 
-Kubernetes passes ``opaque.parameters`` through untouched; the driver owns the
-schema. Entries apply in order (class config first, then claim config) and
-later entries override earlier ones, field by field.
+Entries of a claim's allocation apply in order (class config first, then claim config) and
+later entries override earlier ones, field by field. An entry is ``DeviceConfig``
+(:mod:`dradriver.api.deviceconfig`) or inline ``DeviceClaimParameters``
+(:mod:`dradriver.api.parameters`); a reference must have been replaced by what the
+controller pinned (:mod:`dradriver.api.pinnedparameters`) before it gets here.
 """
 
 from __future__ import annotations
 
-import re
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, Field
 
-API_VERSION = "v1alpha1"
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+from dradriver.api import parameters as claim_params
+from dradriver.api.deviceconfig import DeviceConfig, DeviceConfigError, parse_device_config
+from dradriver.api.group import (
+    DEVICE_CONFIG_KIND,
+    PARAMETERS_KIND,
+    PARAMETERS_REFERENCE_KIND,
+    api_version,
+)
 
-
-class ConfigError(ValueError):
-    """Bad opaque config; the message names the entry and the field."""
-
-
-class DeviceConfig(BaseModel):
-    """``kind: DeviceConfig`` parameters for dradriver devices."""
-
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
-
-    api_version: str = Field(alias="apiVersion")
-    kind: Literal["DeviceConfig"]
-    env: dict[str, str] = Field(
-        default_factory=dict, description="extra environment for containers using the device"
-    )
-    profile: str | None = Field(
-        default=None, max_length=63, description="passed to setup hooks as DRADRIVER_PROFILE"
-    )
-    setup_args: list[str] = Field(default_factory=list, alias="setupArgs", max_length=32)
-
-    @field_validator("env")
-    @classmethod
-    def _env_names(cls, value: dict[str, str]) -> dict[str, str]:
-        for name in value:
-            if not _ENV_NAME.match(name):
-                raise ValueError(f"{name!r} is not a valid environment variable name")
-        return value
+__all__ = [
+    "DeviceConfig",
+    "DeviceConfigError",
+    "EffectiveConfig",
+    "effective_configs",
+    "parse_parameters",
+]
 
 
 class EffectiveConfig(BaseModel):
@@ -59,49 +46,48 @@ class EffectiveConfig(BaseModel):
         )
 
 
-def _field_path(loc: tuple[int | str, ...]) -> str:
-    return ".".join(str(p) for p in loc) or "(root)"
-
-
 def parse_parameters(driver: str, parameters: Any, where: str) -> DeviceConfig:
-    """Validate one opaque ``parameters`` object; ``where`` names it in errors."""
+    """The node-side settings of one opaque ``parameters`` object.
+
+    ``where`` names the entry in errors (:class:`DeviceConfigError`, subject ``where``).
+    """
     if not isinstance(parameters, dict):
-        raise ConfigError(f"{where}: parameters must be an object, got {type(parameters).__name__}")
-    expected = f"{driver}/{API_VERSION}"
-    kind = parameters.get("kind")
-    if kind in ("DeviceClaimParameters", "DeviceClaimParametersReference"):
-        return _from_claim_parameters(driver, parameters, where)
-    if kind != "DeviceConfig":
-        raise ConfigError(
-            f"{where}: unknown kind {kind!r}; {driver} accepts DeviceConfig and "
-            "DeviceClaimParameters"
+        raise DeviceConfigError(
+            f"parameters must be an object, got {type(parameters).__name__}", subject=where
         )
+    kind = parameters.get("kind")
+    if kind in (PARAMETERS_KIND, PARAMETERS_REFERENCE_KIND):
+        return _from_claim_parameters(driver, parameters, where)
+    if kind != DEVICE_CONFIG_KIND:
+        raise DeviceConfigError(
+            f"unknown kind {kind!r}; {driver} accepts {DEVICE_CONFIG_KIND} and {PARAMETERS_KIND}",
+            subject=where,
+        )
+    expected = api_version(driver)
     if parameters.get("apiVersion") != expected:
-        raise ConfigError(
-            f"{where}: apiVersion {parameters.get('apiVersion')!r} is not supported; "
-            f"use {expected!r}"
+        raise DeviceConfigError(
+            f"apiVersion {parameters.get('apiVersion')!r} is not supported; use {expected!r}",
+            subject=where,
         )
     try:
-        return DeviceConfig.model_validate(parameters)
-    except ValidationError as e:
-        first = e.errors()[0]
-        raise ConfigError(f"{where}: field {_field_path(first['loc'])}: {first['msg']}") from e
+        return parse_device_config(parameters)
+    except DeviceConfigError as e:
+        raise DeviceConfigError(*e.field_errors, subject=where) from e
 
 
 def _from_claim_parameters(driver: str, parameters: dict[str, Any], where: str) -> DeviceConfig:
     """Inline DeviceClaimParameters carry their node-side settings; a reference cannot be
     read on the node (the plugin has no access to the CRD), so it is refused clearly."""
-    from dradriver.api import parameters as claim_params  # imports this module
-
     try:
-        parsed = claim_params.parse_opaque(driver, parameters, where)
+        parsed = claim_params.parse_opaque(driver, parameters, "")
     except claim_params.ParametersError as e:
-        raise ConfigError(str(e)) from e
+        raise DeviceConfigError(*e.field_errors, subject=where) from e
     if isinstance(parsed, claim_params.ParametersReference):
-        raise ConfigError(
-            f"{where}: DeviceClaimParametersReference {parsed.name!r} must be resolved by "
+        raise DeviceConfigError(
+            f"{PARAMETERS_REFERENCE_KIND} {parsed.name!r} must be resolved by "
             "dradriver-controller before the node prepares the claim; use inline "
-            "DeviceClaimParameters or a DeviceConfig"
+            f"{PARAMETERS_KIND} or a {DEVICE_CONFIG_KIND}",
+            subject=where,
         )
     assert isinstance(parsed, claim_params.InlineParameters)
     return DeviceConfig.model_validate(parsed.spec.device_config(driver))

@@ -28,7 +28,10 @@ either inline or by reference to an object in the claim's namespace::
 
 The node-side settings in a spec (``env``, ``profile``, ``setupArgs``) map onto the
 ``DeviceConfig`` parameters the kubelet plugin already understands
-(:mod:`dradriver.api.opaqueconfig`), see :meth:`DeviceClaimParametersSpec.device_config`.
+(:mod:`dradriver.api.deviceconfig`), see :meth:`DeviceClaimParametersSpec.device_config`.
+
+Errors are :class:`ParametersError` with field errors (:mod:`dradriver.errors`) whose paths
+start at what was checked (``spec`` of an object, or the ``where`` a caller gives).
 """
 
 from __future__ import annotations
@@ -36,21 +39,22 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 
 from dradriver import DEFAULT_DRIVER_NAME
+from dradriver.api import group
 from dradriver.api.crdgen import CRDKind
-from dradriver.api.opaqueconfig import API_VERSION, ConfigError, DeviceConfig, parse_parameters
-from dradriver.devices.config import format_location
+from dradriver.api.deviceconfig import DeviceConfig, DeviceConfigError, parse_device_config
+from dradriver.errors import FieldError, FieldErrors, from_validation_error, under
+from dradriver.k8s.objects import now_rfc3339 as now_rfc3339  # re-exported: params.now_rfc3339
 
-VERSION = API_VERSION  # v1alpha1, shared with the DeviceConfig opaque parameters
-KIND = "DeviceClaimParameters"
+VERSION = group.VERSION  # shared with the DeviceConfig opaque parameters
+KIND = group.PARAMETERS_KIND
 LIST_KIND = "DeviceClaimParametersList"
-REFERENCE_KIND = "DeviceClaimParametersReference"
+REFERENCE_KIND = group.PARAMETERS_REFERENCE_KIND
 PLURAL = "deviceclaimparameters"
 SINGULAR = "deviceclaimparameter"
 SHORT_NAMES = ("dcp",)
@@ -71,8 +75,8 @@ SetupArg = Annotated[str, StringConstraints(max_length=1024)]
 CELExpression = Annotated[str, StringConstraints(min_length=1, max_length=10 * 1024)]
 
 
-class ParametersError(ValueError):
-    """Invalid parameters or a bad reference; the message starts with the field path."""
+class ParametersError(FieldErrors):
+    """Invalid parameters or a bad reference; each error names its field."""
 
 
 class AllocationMode(StrEnum):
@@ -128,7 +132,10 @@ class DeviceClaimParametersSpec(BaseModel):
 
     def device_config(self, driver: str = DEFAULT_DRIVER_NAME) -> dict[str, Any]:
         """The node-side part as ``DeviceConfig`` opaque parameters (what the plugin reads)."""
-        out: dict[str, Any] = {"apiVersion": f"{driver}/{VERSION}", "kind": "DeviceConfig"}
+        out: dict[str, Any] = {
+            "apiVersion": group.api_version(driver),
+            "kind": group.DEVICE_CONFIG_KIND,
+        }
         if self.env:
             out["env"] = dict(self.env)
         if self.profile is not None:
@@ -230,39 +237,30 @@ def crd_yaml(group: str = DEFAULT_DRIVER_NAME) -> str:
 # --- objects and conditions -----------------------------------------------------------
 
 
-def validation_message(prefix: str, error: ValidationError) -> str:
-    """Each pydantic error as ``<prefix>.<field>: <message>``, joined by "; "."""
-    details = error.errors(include_url=False)
-    parts = []
-    for d in details:
-        where = format_location(tuple(d["loc"]))
-        message = "unknown field" if d["type"] == "extra_forbidden" else d["msg"]
-        parts.append(f"{prefix}.{where}: {message}" if where else f"{prefix}: {message}")
-    return "; ".join(parts)
+def _not_an_object(where: str, value: Any) -> FieldError:
+    return FieldError(where, f"must be an object, got {type(value).__name__}")
 
 
 def parse_spec(spec: Any, where: str = "spec") -> DeviceClaimParametersSpec:
     """Validate a spec; errors name the field (``spec.count: ...``)."""
     if not isinstance(spec, dict):
-        raise ParametersError(f"{where}: must be an object, got {type(spec).__name__}")
+        raise ParametersError(_not_an_object(where, spec))
     try:
         return DeviceClaimParametersSpec.model_validate(spec)
     except ValidationError as e:
-        raise ParametersError(validation_message(where, e)) from e
+        raise ParametersError(
+            *under(where, from_validation_error(e, DeviceClaimParametersSpec))
+        ) from e
 
 
 def spec_of(obj: dict[str, Any]) -> DeviceClaimParametersSpec:
-    """The validated spec of a DeviceClaimParameters object."""
+    """The validated spec of a DeviceClaimParameters object; errors have the object as subject."""
     meta = obj.get("metadata") or {}
     name = f"{meta.get('namespace', '')}/{meta.get('name', '')}"
     try:
         return parse_spec(obj.get("spec"))
     except ParametersError as e:
-        raise ParametersError(f"{KIND} {name}: {e}") from e
-
-
-def now_rfc3339() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        raise ParametersError(*e.field_errors, subject=f"{KIND} {name}") from e
 
 
 def set_condition(
@@ -339,33 +337,38 @@ def parse_opaque(
     """Parse this driver's opaque ``parameters``: DeviceConfig, inline parameters or a reference.
 
     ``where`` is the path of ``parameters`` in its object, e.g.
-    ``spec.devices.config[0].opaque.parameters``; errors start with it.
+    ``spec.devices.config[0].opaque.parameters``; error paths start with it.
     """
     if not isinstance(parameters, dict):
-        raise ParametersError(f"{where}: must be an object, got {type(parameters).__name__}")
-    expected = f"{driver}/{VERSION}"
+        raise ParametersError(_not_an_object(where, parameters))
+    expected = group.api_version(driver)
     kind = parameters.get("kind")
-    kinds = ("DeviceConfig", KIND, REFERENCE_KIND)
-    if kind not in kinds:
+    if kind not in group.OPAQUE_KINDS:
         raise ParametersError(
-            f"{where}.kind: unknown kind {kind!r}; {driver} accepts {', '.join(kinds)}"
+            FieldError(
+                "kind", f"unknown kind {kind!r}; {driver} accepts {', '.join(group.OPAQUE_KINDS)}"
+            ).under(where)
         )
     if parameters.get("apiVersion") != expected:
         raise ParametersError(
-            f"{where}.apiVersion: {parameters.get('apiVersion')!r} is not supported; "
-            f"use {expected!r}"
+            FieldError(
+                "apiVersion",
+                f"{parameters.get('apiVersion')!r} is not supported; use {expected!r}",
+            ).under(where)
         )
-    if kind == "DeviceConfig":
+    if kind == group.DEVICE_CONFIG_KIND:
         try:
-            return parse_parameters(driver, parameters, where)
-        except ConfigError as e:
-            raise ParametersError(str(e)) from e
+            return parse_device_config(parameters)
+        except DeviceConfigError as e:
+            raise ParametersError(*under(where, e.field_errors)) from e
+    model: type[_Inline] | type[_Reference] = _Inline if kind == KIND else _Reference
     try:
-        if kind == KIND:
-            return InlineParameters(_Inline.model_validate(parameters).spec)
-        return ParametersReference(_Reference.model_validate(parameters).name)
+        parsed = model.model_validate(parameters)
     except ValidationError as e:
-        raise ParametersError(validation_message(where, e)) from e
+        raise ParametersError(*under(where, from_validation_error(e, model))) from e
+    if isinstance(parsed, _Inline):
+        return InlineParameters(parsed.spec)
+    return ParametersReference(parsed.name)
 
 
 @dataclass(frozen=True)
@@ -409,16 +412,18 @@ def resolve(
     """The spec an entry stands for; ``lookup(namespace, name)`` finds referenced objects."""
     if isinstance(entry.source, InlineParameters):
         return entry.source.spec
+    at = f"{entry.where}.name"
     obj = lookup(namespace, entry.source.name)
     if obj is None:
         raise ParametersError(
-            f"{entry.where}.name: {KIND} {namespace}/{entry.source.name} does not exist"
+            FieldError(at, f"{KIND} {namespace}/{entry.source.name} does not exist")
         )
     if (obj.get("metadata") or {}).get("deletionTimestamp"):
         raise ParametersError(
-            f"{entry.where}.name: {KIND} {namespace}/{entry.source.name} is being deleted"
+            FieldError(at, f"{KIND} {namespace}/{entry.source.name} is being deleted")
         )
     try:
         return spec_of(obj)
     except ParametersError as e:
-        raise ParametersError(f"{entry.where}.name: {e}") from e
+        # The referenced object's fields are not the claim's: its errors are the message.
+        raise ParametersError(FieldError(at, str(e))) from e

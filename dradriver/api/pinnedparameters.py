@@ -21,14 +21,17 @@ import copy
 from collections.abc import Mapping
 from typing import Any
 
-from dradriver.api.parameters import REFERENCE_KIND
+from dradriver.api.group import PARAMETERS_REFERENCE_KIND
 from dradriver.k8s.objects import Obj
 
 DATA_KEY = "parameters"
 
 
 class NotPinned(ValueError):
-    """A reference has no pinned parameters (yet); the message says which."""
+    """A reference has no pinned parameters (yet); the message says which.
+
+    Not a field error: the claim is fine, the controller has not got to it yet.
+    """
 
 
 def references(driver: str, config: list[Obj]) -> list[str]:
@@ -39,7 +42,7 @@ def references(driver: str, config: list[Obj]) -> list[str]:
         parameters = opaque.get("parameters") or {}
         if opaque.get("driver") != driver or not isinstance(parameters, dict):
             continue
-        if parameters.get("kind") == REFERENCE_KIND:
+        if parameters.get("kind") == PARAMETERS_REFERENCE_KIND:
             name = str(parameters.get("name", ""))
             if name and name not in out:
                 out.append(name)
@@ -77,15 +80,15 @@ def substitute(driver: str, config: list[Obj], pins: Mapping[str, Obj]) -> list[
         if (
             opaque.get("driver") == driver
             and isinstance(parameters, dict)
-            and parameters.get("kind") == REFERENCE_KIND
+            and parameters.get("kind") == PARAMETERS_REFERENCE_KIND
         ):
             name = str(parameters.get("name", ""))
             pin = pins.get(name)
             if pin is None:
                 raise NotPinned(
-                    f"{REFERENCE_KIND} {name!r} is not resolved yet: dradriver-controller pins "
-                    "the parameters into status.devices[].data after allocation (is it "
-                    "running?); the kubelet retries"
+                    f"{PARAMETERS_REFERENCE_KIND} {name!r} is not resolved yet: "
+                    "dradriver-controller pins the parameters into status.devices[].data after "
+                    "allocation (is it running?); the kubelet retries"
                 )
             entry = copy.deepcopy(entry)
             entry["opaque"]["parameters"] = copy.deepcopy(pin["config"])

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import re
 
-from dradriver.allocator import AllocatedState, Allocator, Inventory, explain, format_table
-from dradriver.k8s.client import KubeAPIError, KubeClient, load_connection
+from dradriver.allocator import AllocatedState, Allocator, SliceInventory, explain, format_table
+from dradriver.k8s.client import KubeClient, load_connection
+from dradriver.k8s.errors import KubeAPIError
 from dradriver.k8s.objects import Obj
 from dradriver.k8s.paths import RESOURCE_V1, path_for
 
@@ -66,7 +67,7 @@ async def explain_claim(
         for c in await _items(client, path_for(RESOURCE_V1, "resourceclaims"))
         if c["metadata"]["uid"] != claim["metadata"]["uid"]
     ]
-    allocator = Allocator(Inventory(slices, classes))
+    allocator = Allocator(SliceInventory(slices, classes))
     state = AllocatedState.from_claims(others)
     lines = [f"ResourceClaim {namespace}/{name}"]
     allocation = (claim.get("status") or {}).get("allocation")

@@ -53,6 +53,7 @@ from dradriver.devices.model import (
     DeviceName,
     DeviceProperties,
 )
+from dradriver.errors import FieldError, FieldErrors, from_validation_error
 
 DEFAULT_DRIVER_NAME = "dradriver.dev"
 INDEX_ATTRIBUTE = "index"
@@ -70,17 +71,23 @@ PCI_ATTRIBUTES = (
 )
 
 
-class ConfigError(Exception):
-    """The configuration file cannot be read or is invalid; ``errors`` are ``path: message``."""
+UNKNOWN_KEY = "unknown key (check its spelling and indentation)"
 
-    def __init__(self, file: str, errors: list[str]) -> None:
+
+class DriverConfigError(FieldErrors):
+    """The driver configuration file cannot be read or is invalid.
+
+    ``file`` names it; ``errors`` are the field errors as text (``path: message``). Several
+    errors read one per line, since a person fixes them in an editor.
+    """
+
+    def __init__(self, file: str, *errors: FieldError | str) -> None:
+        super().__init__(*errors, subject=file)
         self.file = file
-        self.errors = errors
-        if len(errors) == 1:
-            text = f"{file}: {errors[0]}"
-        else:
-            text = f"{file}: {len(errors)} errors:\n" + "\n".join(f"  {e}" for e in errors)
-        super().__init__(text)
+        self.errors = [str(e) for e in self.field_errors]
+        if len(self.errors) != 1:
+            lines = "\n".join(f"  {e}" for e in self.errors)
+            self.args = (f"{file}: {len(self.errors)} errors:\n{lines}",)
 
 
 # --------------------------------------------------------------------------------------------
@@ -173,7 +180,7 @@ class StaticDeviceEntry(DeviceProperties):
 
 
 class StaticSourceConfig(BaseModel):
-    """Devices declared in configuration; with ``mockDir``, each gets a mock device file."""
+    """Devices declared in configuration; with ``mockDir``, each gets a mock device node."""
 
     model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
 
@@ -496,7 +503,7 @@ class DriverConfig(BaseModel):
     def with_mock_dir(self, mock_dir: str) -> DriverConfig:
         """This configuration with every static source that has a ``mockDir`` using ``mock_dir``.
 
-        For tests and the demo, which keep mock device files in their own state directory.
+        For tests and the demo, which keep mock device nodes in their own state directory.
         """
         _absolute_path(mock_dir)
         sources = tuple(
@@ -532,57 +539,31 @@ _StrictLoader.add_constructor(
 )
 
 
-def format_location(location: tuple[int | str, ...]) -> str:
-    """``('sources', 0, 'static', 'name')`` -> ``sources[0].static.name``."""
-    out = ""
-    for part in location:
-        if isinstance(part, int):
-            out += f"[{part}]"
-        elif part == "[key]":
-            out += " (key)"
-        elif re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", part):
-            out += f".{part}" if out else part
-        else:
-            out += f"[{part!r}]"
-    return out
-
-
-def _messages(error: ValidationError) -> list[str]:
-    out = []
-    for detail in error.errors(include_url=False):
-        cause = detail.get("ctx", {}).get("error")
-        if detail["type"] == "extra_forbidden":
-            message = "unknown key (check its spelling and indentation)"
-        elif cause is not None:
-            message = str(cause)
-        else:
-            message = detail["msg"]
-        location = format_location(tuple(detail["loc"]))
-        out.append(f"{location}: {message}" if location else message)
-    return out
-
-
 def parse_config(text: str, file: str = "<config>") -> DriverConfig:
     """Validate a configuration given as YAML text; ``file`` names it in errors."""
     try:
         data = yaml.load(text, Loader=_StrictLoader)
     except yaml.YAMLError as err:
-        raise ConfigError(file, [f"not valid YAML: {err}"]) from err
+        raise DriverConfigError(file, f"not valid YAML: {err}") from err
     if data is None:
         data = {}
     if not isinstance(data, dict):
-        raise ConfigError(file, [f"the top level must be a mapping, not {type(data).__name__}"])
+        raise DriverConfigError(file, f"the top level must be a mapping, not {type(data).__name__}")
     try:
         return DriverConfig.model_validate(data)
     except ValidationError as err:
-        raise ConfigError(file, _messages(err)) from err
+        raise DriverConfigError(
+            file, *from_validation_error(err, unknown_field=UNKNOWN_KEY)
+        ) from err
 
 
 def load_config(path: str | os.PathLike[str]) -> DriverConfig:
-    """Read and validate the configuration file; raises :class:`ConfigError`."""
+    """Read and validate the configuration file; raises :class:`DriverConfigError`."""
     file = str(path)
     try:
         text = Path(path).read_text(encoding="utf-8")
     except OSError as err:
-        raise ConfigError(file, [f"cannot read the configuration file: {err.strerror}"]) from err
+        raise DriverConfigError(
+            file, f"cannot read the configuration file: {err.strerror}"
+        ) from err
     return parse_config(text, file)

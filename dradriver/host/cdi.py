@@ -11,6 +11,10 @@ Device names on disk are ``<claim uid>-<device name>``: a per-claim file may
 only define names no other file of the same kind defines (the runtime treats a
 duplicate in one directory as a conflict and refuses both), and a new claim for
 the same device must never be served from a stale cached spec.
+
+The runtime also reads the host: a device node's host path must be a character or
+block device when a container is created. :func:`check_host_device_nodes` checks that
+before a claim's spec is written, so the claim fails instead of its containers.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import stat
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -73,6 +78,10 @@ class InvalidCDINameError(CDIValueError):
 
 class UnknownCDIDeviceError(CDIError, LookupError):
     """No spec file of this registry's kind defines the requested device."""
+
+
+class HostDeviceNodeError(CDIValueError):
+    """A device node's host path is no character or block device; the runtime would refuse it."""
 
 
 class CDIConflictError(CDIError):
@@ -177,6 +186,59 @@ class CDIDevice:
         validate_device_name(self.name)
 
 
+def host_device_node_problem(host_path: str) -> str | None:
+    """Why a runtime would refuse ``host_path`` as a device node's host path, or None.
+
+    The runtime's CDI library (container-device-interface v1.1.1 in containerd 2.4) takes
+    the node's type and numbers from ``lstat`` of the host path at container creation and
+    fails the container for anything but a device node. ``lstat`` here too: a symlink is
+    refused exactly as the runtime refuses it, and a symlink loop is never walked.
+    """
+    try:
+        st = os.lstat(host_path)
+    except FileNotFoundError:
+        return "does not exist"
+    except OSError as e:
+        return f"cannot be examined ({e.strerror or e})"
+    if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode):
+        return None
+    if stat.S_ISLNK(st.st_mode):
+        return (
+            "is a symbolic link, which container runtimes do not follow for device nodes; "
+            "use the path of the device node itself"
+        )
+    kinds = {
+        stat.S_IFREG: "a regular file",
+        stat.S_IFDIR: "a directory",
+        stat.S_IFIFO: "a FIFO",
+        stat.S_IFSOCK: "a socket",
+    }
+    kind = kinds.get(stat.S_IFMT(st.st_mode), "not a device node")
+    return f"is {kind}, not a character or block device"
+
+
+def check_host_device_nodes(devices: Iterable[CDIDevice]) -> None:
+    """Refuse devices whose device nodes a runtime would refuse when creating a container.
+
+    Called before a spec is written for a claim (or a device-plugin allocation): a bad
+    node then fails that one claim with a message naming device and path, instead of
+    every container that uses it failing later with CreateContainerError.
+    """
+    problems = []
+    for device in devices:
+        for node in device.edits.device_nodes:
+            host_path = node.host_path or node.path
+            problem = host_device_node_problem(host_path)
+            if problem is not None:
+                problems.append(
+                    f"device {device.name}: host path {host_path} of device node "
+                    f"{node.path} {problem}"
+                )
+    if problems:
+        refusal = "the container runtime would refuse every container using it"
+        raise HostDeviceNodeError("; ".join(problems) + f" ({refusal})")
+
+
 @dataclass(frozen=True)
 class _LoadedSpec:
     path: Path
@@ -190,9 +252,8 @@ def _edits_from_cdi(obj: Any, path: Path, where: str) -> ContainerEdits:
         raise CDISpecError(path, f"{where} is not an object")
     unknown = set(obj) - _EDIT_KEYS
     if unknown:
-        raise CDISpecError(
-            path, f"{where} has fields dradriver does not write: {', '.join(sorted(unknown))}"
-        )
+        names = ", ".join(sorted(map(str, unknown)))
+        raise CDISpecError(path, f"{where} has fields dradriver does not write: {names}")
     env: dict[str, str] = {}
     raw_env = obj.get("env", [])
     if not isinstance(raw_env, list):
@@ -433,6 +494,8 @@ class CDIRegistry:
             obj = yaml.safe_load(raw) if path.suffix == ".yaml" else json.loads(raw)
         except (ValueError, yaml.YAMLError) as err:
             raise CDISpecError(path, f"not valid {path.suffix[1:].upper()}: {err}") from err
+        except RecursionError as err:
+            raise CDISpecError(path, "nested too deeply to be a CDI spec") from err
         if not isinstance(obj, dict):
             raise CDISpecError(path, "top level is not an object")
         return obj
@@ -441,7 +504,7 @@ class CDIRegistry:
         """Check a spec of our kind as strictly as the runtime would, naming what is wrong."""
         unknown = set(raw) - _SPEC_KEYS
         if unknown:
-            raise CDISpecError(path, f"unknown fields: {', '.join(sorted(unknown))}")
+            raise CDISpecError(path, f"unknown fields: {', '.join(sorted(map(str, unknown)))}")
         version = raw.get("cdiVersion")
         if not isinstance(version, str) or version not in KNOWN_CDI_VERSIONS:
             raise CDISpecError(path, f"missing or unknown cdiVersion {version!r}")
@@ -461,7 +524,7 @@ class CDIRegistry:
             unknown = set(device) - _DEVICE_KEYS
             if unknown:
                 raise CDISpecError(
-                    path, f"{where} has unknown fields: {', '.join(sorted(unknown))}"
+                    path, f"{where} has unknown fields: {', '.join(sorted(map(str, unknown)))}"
                 )
             name = device.get("name")
             if not isinstance(name, str) or not _DEVICE_NAME_RE.fullmatch(name):

@@ -19,22 +19,13 @@ from typing import Any, Self
 
 import httpx
 
+from dradriver.k8s.errors import KubeAPIError
+from dradriver.k8s.jsondecode import decode_list, decode_watch_event
 from dradriver.k8s.objects import Obj
 from dradriver.log import get_logger
 
 log = get_logger("kube")
 SA_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
-
-
-class KubeAPIError(RuntimeError):
-    """A request the apiserver refused; ``status`` is the HTTP code."""
-
-    def __init__(self, method: str, path: str, status: int, body: Obj) -> None:
-        self.status = status
-        self.reason = str(body.get("reason", ""))
-        self.body = body
-        message = body.get("message") or body
-        super().__init__(f"{method} {path}: {status} {self.reason}: {message}")
 
 
 @dataclass(frozen=True)
@@ -163,11 +154,23 @@ class _Codec:
             extra["Accept"] = accept
         if method != "GET":
             self.write_count += 1
-        return self._headers(extra), json.dumps(body) if body is not None else None
+        # Compact, as kubectl and client-go send it: the apiserver keeps a RawExtension
+        # (opaque device config) as the bytes it was given, and a later merge patch that
+        # re-encodes the object compactly then counts as a change of an immutable spec.
+        content = json.dumps(body, separators=(",", ":")) if body is not None else None
+        return self._headers(extra), content
 
     @staticmethod
-    def _decode(method: str, path: str, resp: httpx.Response, started: float) -> Obj:
-        """The JSON body of a response, or :class:`KubeAPIError` for a refusal."""
+    def _decode(
+        method: str,
+        path: str,
+        resp: httpx.Response,
+        started: float,
+        decode: Callable[[bytes], Obj] | None = None,
+    ) -> Obj:
+        """The JSON body of a response, or :class:`KubeAPIError` for a refusal. With
+        ``decode``, a 2xx body that it cannot decode raises (``ValueError``) instead of
+        coming back as ``{"message": <text>}``."""
         log.debug(
             "api request",
             method=method,
@@ -176,8 +179,10 @@ class _Codec:
             ms=round((time.monotonic() - started) * 1000, 1),
         )
         try:
-            data: Obj = resp.json()
+            data: Obj = resp.json() if decode is None else decode(resp.content)
         except ValueError:
+            if decode is not None and resp.status_code < 300:
+                raise
             data = {"message": resp.text}
         if resp.status_code >= 300:
             raise KubeAPIError(method, path, resp.status_code, data)
@@ -202,13 +207,14 @@ class KubeClient(_Codec):
         params: dict[str, Any] | None = None,
         content_type: str = JSON,
         accept: str | None = None,
+        decode: Callable[[bytes], Obj] | None = None,
     ) -> Obj:
         headers, content = self._encode(method, body, content_type, accept)
         started = time.monotonic()
         resp = await self._http.request(
             method, path, content=content, params=params, headers=headers
         )
-        return self._decode(method, path, resp, started)
+        return self._decode(method, path, resp, started, decode)
 
     async def get(self, path: str, **params: Any) -> Obj:
         return await self.request("GET", path, params=params or None)
@@ -222,7 +228,8 @@ class KubeClient(_Codec):
             raise
 
     async def list(self, path: str, **params: Any) -> Obj:
-        return await self.get(path, **params)
+        """A collection; an item nested too deep for Python is a ``TooDeepObject``."""
+        return await self.request("GET", path, params=params or None, decode=decode_list)
 
     async def create(self, path: str, body: Obj) -> Obj:
         return await self.request("POST", path, body)
@@ -258,10 +265,22 @@ class KubeClient(_Codec):
             if resp.status_code >= 300:
                 body = json.loads(await resp.aread() or b"{}")
                 raise KubeAPIError("WATCH", path, resp.status_code, body)
-            async for line in resp.aiter_lines():
-                if line.strip():
-                    event: Obj = json.loads(line)
-                    yield event
+            # One event per "\n"-terminated line. Not aiter_lines(): it also splits at
+            # U+0085, U+2028 and the other str.splitlines() breaks, and the apiserver sends
+            # U+0085 unescaped inside strings, which would cut an event in two.
+            pending: list[bytes] = []
+            async for chunk in resp.aiter_bytes():
+                *complete, rest = chunk.split(b"\n")
+                for piece in complete:
+                    line, pending = b"".join([*pending, piece]), []
+                    if line.strip():
+                        # An object nested too deep is a TooDeepObject: the stream goes on.
+                        yield decode_watch_event(line)
+                if rest:
+                    pending.append(rest)
+            line = b"".join(pending)
+            if line.strip():
+                yield decode_watch_event(line)
 
 
 class SyncKubeClient(_Codec):

@@ -1,19 +1,22 @@
-"""ResourceSlices for a node's devices: one pool named after the node, split to fit the API.
+"""ResourceSlices for a :class:`~dradriver.resourceslice.pool.Pool`, split to fit the API.
 
 Layout (Kubernetes 1.35+ rules, /work/shared/reference/resource-v1.md §5.1 and §5.5):
 
 * counter sets go in slices of their own (a slice holds ``devices`` or ``sharedCounters``,
-  never both), at most :data:`MAX_COUNTER_SETS_PER_SLICE` per slice; they come first;
-* devices, sorted by name, fill the following slices in order: a slice holds at most
-  :data:`MAX_DEVICES_PER_SLICE` devices, or :data:`MAX_DEVICES_PER_SLICE_WITH_TAINTS_OR_COUNTERS`
-  if any of its devices has taints (the unhealthy taint counts) or ``consumesCounters``;
+  never both), at most ``MAX_COUNTER_SETS_PER_SLICE`` per slice; they come first;
+* devices, in the pool's order, fill the following slices: a slice holds at most
+  ``MAX_DEVICES_PER_SLICE`` devices, or ``MAX_DEVICES_PER_SLICE_WITH_TAINTS_OR_COUNTERS``
+  if any of its devices has taints (the unhealthy taint counts) or ``consumesCounters``
+  (the API's limits, :mod:`dradriver.k8s.limits`); a pool with a fixed
+  ``devices_per_slice`` (network pools: 64) is cut into that many;
 * an empty pool is one slice without devices ("the driver is up, it has no devices");
-* every slice carries ``nodeName``, the same ``pool.generation`` and
-  ``pool.resourceSliceCount`` = the number of slices.
+* every slice carries the pool's node selection, the same ``pool.generation`` and
+  ``pool.resourceSliceCount`` = the number of slices, the pool's labels and its owner.
 
-Slice names are deterministic: ``<node>-<driver, dots as dashes>-<index, 5 digits>``, so the
-allocator's name order (first fit) is the order built here. Names that would be longer than
-253 characters get a shortened prefix plus a hash.
+Slice names are deterministic: ``<prefix>-<index, 5 digits>`` (node pools:
+``<node>-<driver, dots as dashes>``; network pools: ``network-<pool>-<driver>``), so the
+allocator's name order (first fit) is the order built here. Names that would be longer
+than 253 characters get a shortened prefix plus a hash.
 """
 
 from __future__ import annotations
@@ -24,30 +27,24 @@ from decimal import Decimal
 from typing import Any
 
 from dradriver.devices import names
-from dradriver.devices.model import CounterSet, Device
 from dradriver.devices.quantity import QuantityError, parse_quantity
-from dradriver.log import get_logger
-
-log = get_logger("devices.slices")
+from dradriver.k8s.limits import (
+    MAX_COUNTER_SETS_PER_SLICE,
+    MAX_DEVICES_PER_SLICE,
+    MAX_DEVICES_PER_SLICE_WITH_TAINTS_OR_COUNTERS,
+)
+from dradriver.k8s.objects import Obj
+from dradriver.resourceslice.pool import Pool, SliceError
 
 API_VERSION = "resource.k8s.io/v1"
 KIND = "ResourceSlice"
-
-MAX_DEVICES_PER_SLICE = 128
-MAX_DEVICES_PER_SLICE_WITH_TAINTS_OR_COUNTERS = 64
-MAX_COUNTER_SETS_PER_SLICE = 8
 
 _INDEX_DIGITS = 5
 _HASH_DIGITS = 8
 
 
-class SliceError(ValueError):
-    """The devices and counter sets cannot be published as one pool."""
-
-
-def slice_name(node: str, driver: str, index: int) -> str:
-    """``<node>-<driver with dots as dashes>-<index>``, a DNS subdomain of <= 253 characters."""
-    prefix = f"{node}-{driver.replace('.', '-')}"
+def slice_name(prefix: str, index: int) -> str:
+    """``<prefix>-<index>``, a DNS subdomain of <= 253 characters."""
     suffix = f"-{index:0{_INDEX_DIGITS}d}"
     if len(prefix) + len(suffix) <= names.DNS_SUBDOMAIN_MAX_LENGTH:
         return prefix + suffix
@@ -56,20 +53,24 @@ def slice_name(node: str, driver: str, index: int) -> str:
     return f"{prefix[:room].rstrip('-.')}-{digest}{suffix}"
 
 
-def device_limit(api_devices: Sequence[dict[str, Any]]) -> int:
+def _restricted(device: Obj) -> bool:
+    return bool(device.get("taints") or device.get("consumesCounters"))
+
+
+def device_limit(api_devices: Sequence[Obj]) -> int:
     """How many devices a slice holding ``api_devices`` may have."""
-    if any(d.get("taints") or d.get("consumesCounters") for d in api_devices):
+    if any(_restricted(d) for d in api_devices):
         return MAX_DEVICES_PER_SLICE_WITH_TAINTS_OR_COUNTERS
     return MAX_DEVICES_PER_SLICE
 
 
-def _device_chunks(api_devices: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+def _device_chunks(api_devices: Sequence[Obj]) -> list[list[Obj]]:
     """Devices in order, each slice filled as far as its own limit allows."""
-    chunks: list[list[dict[str, Any]]] = []
-    current: list[dict[str, Any]] = []
+    chunks: list[list[Obj]] = []
+    current: list[Obj] = []
     restricted = False
     for device in api_devices:
-        device_restricted = bool(device.get("taints") or device.get("consumesCounters"))
+        device_restricted = _restricted(device)
         limit = (
             MAX_DEVICES_PER_SLICE_WITH_TAINTS_OR_COUNTERS
             if restricted or device_restricted
@@ -85,88 +86,57 @@ def _device_chunks(api_devices: list[dict[str, Any]]) -> list[list[dict[str, Any
     return chunks
 
 
-def _check_pool(devices: Sequence[Device], counter_sets: Sequence[CounterSet]) -> None:
-    declared: dict[str, set[str]] = {}
-    for counter_set in counter_sets:
-        if counter_set.name in declared:
-            raise SliceError(f"counter set {counter_set.name!r} is given twice")
-        declared[counter_set.name] = set(counter_set.counters)
-    seen: set[str] = set()
-    for device in devices:
-        if device.name in seen:
-            raise SliceError(f"device name {device.name!r} is given twice")
-        seen.add(device.name)
-        for consumption in device.consumes_counters:
-            known = declared.get(consumption.counter_set)
-            if known is None:
-                raise SliceError(
-                    f"device {device.name!r} consumes counters of the unknown counter set "
-                    f"{consumption.counter_set!r}"
-                )
-            unknown = sorted(set(consumption.counters) - known)
-            if unknown:
-                raise SliceError(
-                    f"device {device.name!r} consumes counters {unknown} that counter set "
-                    f"{consumption.counter_set!r} does not have"
-                )
+def build_slices(pool: Pool, generation: int, owner_uid: str = "") -> list[Obj]:
+    """The ResourceSlice objects (``apiVersion``, ``kind``, ``metadata``, ``spec``) of ``pool``.
 
-
-def _warn_inconsistent_types(api_devices: list[dict[str, Any]]) -> None:
-    """Constraints compare type and value, so one attribute name should have one type."""
-    types: dict[str, tuple[str, str]] = {}
-    for device in api_devices:
-        for name, value in device.get("attributes", {}).items():
-            kind = next(iter(value))
-            first = types.setdefault(name, (kind, device["name"]))
-            if first[0] != kind:
-                log.warning(
-                    "attribute has different types on different devices",
-                    attribute=name,
-                    device=device["name"],
-                    type=kind,
-                    other_device=first[1],
-                    other_type=first[0],
-                )
-
-
-def build_node_slices(
-    driver: str,
-    node: str,
-    devices: Sequence[Device],
-    counter_sets: Sequence[CounterSet],
-    generation: int,
-) -> list[dict[str, Any]]:
-    """The ResourceSlice objects (``apiVersion``, ``kind``, ``metadata.name``, ``spec``)."""
-    try:
-        names.validate_driver_name(driver)
-        names.validate_dns_subdomain(node, "node name")
-    except ValueError as err:
-        raise SliceError(str(err)) from err
+    ``owner_uid`` stands in for the owner's UID when the pool does not carry it (the
+    publisher looks up a Node's); without any UID the slices get no owner reference.
+    """
     if generation < 0:
         raise SliceError(f"pool generation must be >= 0, not {generation}")
-    _check_pool(devices, counter_sets)
-
-    api_devices = [d.to_api(driver) for d in sorted(devices, key=lambda d: d.name)]
-    _warn_inconsistent_types(api_devices)
-    sorted_sets = sorted(counter_sets, key=lambda c: c.name)
-    bodies: list[dict[str, Any]] = [
-        {"sharedCounters": [c.to_api() for c in sorted_sets[i : i + MAX_COUNTER_SETS_PER_SLICE]]}
-        for i in range(0, len(sorted_sets), MAX_COUNTER_SETS_PER_SLICE)
+    sets = pool.counter_sets
+    bodies: list[Obj] = [
+        {"sharedCounters": list(sets[i : i + MAX_COUNTER_SETS_PER_SLICE])}
+        for i in range(0, len(sets), MAX_COUNTER_SETS_PER_SLICE)
     ]
-    bodies += [{"devices": chunk} for chunk in _device_chunks(api_devices)]
+    size = pool.devices_per_slice
+    chunks = (
+        [list(pool.devices[i : i + size]) for i in range(0, len(pool.devices), size)]
+        if size
+        else _device_chunks(pool.devices)
+    )
+    bodies += [{"devices": chunk} for chunk in chunks]
     if not bodies:
         bodies = [{}]
 
-    pool = {"name": node, "generation": generation, "resourceSliceCount": len(bodies)}
+    header = {"name": pool.name, "generation": generation, "resourceSliceCount": len(bodies)}
+    metadata: Obj = {}
+    if pool.labels:
+        metadata["labels"] = dict(pool.labels)
+    if pool.owner is not None and (owner_uid or pool.owner.uid):
+        metadata["ownerReferences"] = [pool.owner.reference(owner_uid)]
     return [
         {
             "apiVersion": API_VERSION,
             "kind": KIND,
-            "metadata": {"name": slice_name(node, driver, index)},
-            "spec": {"driver": driver, "pool": dict(pool), "nodeName": node, **body},
+            "metadata": {"name": slice_name(pool.slice_name_prefix, index), **metadata},
+            "spec": {
+                "driver": pool.driver,
+                "pool": dict(header),
+                **pool.node_selection.spec(),
+                **body,
+            },
         }
         for index, body in enumerate(bodies)
     ]
+
+
+def slice_layout(spec: Obj) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """Which devices and counter sets a slice holds: what a generation bump is about."""
+    return (
+        tuple(d.get("name", "") for d in spec.get("devices") or []),
+        tuple(c.get("name", "") for c in spec.get("sharedCounters") or []),
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -197,7 +167,12 @@ def _canonical_policy(policy: Any) -> dict[str, Any] | None:
     }
 
 
-def _canonical_device(device: dict[str, Any]) -> dict[str, Any]:
+def _canonical_placement(obj: Obj) -> tuple[Any, ...]:
+    # Node selection of a slice, or of a device in a per-device pool.
+    return (obj.get("nodeName") or None, obj.get("nodeSelector") or None, bool(obj.get("allNodes")))
+
+
+def _canonical_device(device: Obj) -> dict[str, Any]:
     return {
         "name": device.get("name"),
         "attributes": {
@@ -218,14 +193,19 @@ def _canonical_device(device: dict[str, Any]) -> dict[str, Any]:
             for t in device.get("taints") or []
         ],
         "allowMultipleAllocations": bool(device.get("allowMultipleAllocations")),
+        "placement": _canonical_placement(device),
+        "bindsToNode": bool(device.get("bindsToNode")),
+        "bindingConditions": list(device.get("bindingConditions") or []),
+        "bindingFailureConditions": list(device.get("bindingFailureConditions") or []),
     }
 
 
-def _canonical_spec(spec: dict[str, Any]) -> dict[str, Any]:
+def _canonical_spec(spec: Obj) -> dict[str, Any]:
     pool = spec.get("pool") or {}
     return {
         "driver": spec.get("driver"),
-        "nodeName": spec.get("nodeName"),
+        "placement": _canonical_placement(spec),
+        "perDeviceNodeSelection": bool(spec.get("perDeviceNodeSelection")),
         "pool": (pool.get("name"), pool.get("resourceSliceCount")),
         "devices": [_canonical_device(d) for d in spec.get("devices") or []],
         "sharedCounters": [
@@ -235,11 +215,30 @@ def _canonical_spec(spec: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def slices_equal(desired_spec: dict[str, Any], existing_spec: dict[str, Any]) -> bool:
+def slices_equal(desired_spec: Obj, existing_spec: Obj) -> bool:
     """Whether ``existing_spec`` (wire JSON, camelCase) already says what ``desired_spec`` says.
 
-    Compares the fields :func:`build_node_slices` sets; ignores ``pool.generation``, fields
+    Compares the fields :func:`build_slices` sets; ignores ``pool.generation``, fields
     the apiserver adds (taint ``timeAdded``), the spelling of quantities and empty vs absent
     lists and maps.
     """
     return _canonical_spec(desired_spec) == _canonical_spec(existing_spec)
+
+
+def _owners(metadata: Obj) -> list[tuple[Any, ...]]:
+    return sorted(
+        (r.get("apiVersion"), r.get("kind"), r.get("name"), r.get("uid"), bool(r.get("controller")))
+        for r in metadata.get("ownerReferences") or []
+    )
+
+
+def same_slice(desired: Obj, existing: Obj) -> bool:
+    """:func:`slices_equal`, and the slice has our owner references and labels (others may
+    add labels of their own)."""
+    want, have = desired.get("metadata") or {}, existing.get("metadata") or {}
+    labels = have.get("labels") or {}
+    return (
+        slices_equal(desired.get("spec") or {}, existing.get("spec") or {})
+        and _owners(want) == _owners(have)
+        and all(labels.get(k) == v for k, v in (want.get("labels") or {}).items())
+    )

@@ -1,11 +1,36 @@
-"""Keeps this node's ResourceSlices equal to the driver's inventory, with few writes.
+"""One publisher for all ResourceSlice pools of a driver: node pools and network pools.
 
-Level-based: every sync lists the node's slices of this driver, compares them
-with the desired ones (ignoring the pool generation) and writes only on a
-difference, bumping the pool generation for every slice of the pool as the
-API requires. A sync runs when the inventory changes, when a watch sees our
-slices change or vanish (the kubelet deletes them at its start and 30 s after
-losing the plugin), and periodically as a safety net; syncs are rate-limited.
+Desired state: :class:`~dradriver.resourceslice.pool.Pool` objects, given with
+:meth:`SlicePublisher.set_pool` and taken back with :meth:`SlicePublisher.remove_pool`.
+Actual state: the driver's slices in a list+watch cache (the kubelet plugin: an informer
+on its node's slices, :func:`slice_informer`; the controller: its informer of all slices).
+Like the upstream Go controller, a node-local publisher (``node=``) manages the driver's
+slices with that ``spec.nodeName``, any other publisher the driver's slices without one.
+
+:meth:`SlicePublisher.sync` reconciles one pool, level-based:
+
+* it writes only what differs from the cache (ignoring the pool generation, fields the
+  apiserver adds and the spelling of quantities): an unchanged pool writes nothing;
+* when the same slices hold the same devices, only the changed slices are rewritten, in
+  place; any other change (slices added or removed, devices moving between slices)
+  bumps the pool generation in every slice, so the scheduler never combines two layouts
+  (``Pool.min_generation`` can ask for a bump too);
+* the slices of a pool that is not desired (any more) are deleted;
+* fields the apiserver dropped are reported with the feature gate that is probably off,
+  and the slice is not written again for them until the desired slice changes (a gate
+  that is off would otherwise cost a write per sync);
+* API errors propagate: a 409 (someone else wrote, or the cache is behind), a 5xx or a
+  timeout means "retry", never "done".
+
+Own writes are remembered until the cache shows them (client-go's mutation cache), so
+a sync right after a write does not act on a cache that has not seen it yet.
+
+:meth:`SlicePublisher.run` is the loop for a process that has no controller of its own
+(the kubelet plugin): a work queue of pool names fed by :meth:`~SlicePublisher.set_pool`,
+by cache events for managed slices (the kubelet deletes a node's slices at its start and
+30 s after losing the plugin) and by a periodic resync; at most one sync per pool per
+``min_interval``; failures retried with per-pool exponential backoff. The controller
+calls :meth:`~SlicePublisher.sync` from its own reconciler instead.
 """
 
 from __future__ import annotations
@@ -14,13 +39,21 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Callable
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Protocol
 
-from dradriver.k8s.client import KubeClient
 from dradriver.k8s.objects import Obj
 from dradriver.k8s.paths import RESOURCE_V1, path_for
 from dradriver.log import get_logger
-from dradriver.resourceslice.builder import slices_equal
+from dradriver.resourceslice.builder import build_slices, same_slice, slice_layout, slices_equal
+from dradriver.resourceslice.pool import NodeName, Pool
+from dradriver.runtime import (
+    Informer,
+    ItemExponentialRateLimiter,
+    ListWatchClient,
+    ShutDown,
+    WorkQueue,
+)
 
 log = get_logger("plugin.slices")
 
@@ -32,9 +65,13 @@ GATED_FIELDS = {
     "bindingFailureConditions": "DRADeviceBindingConditions",
     "consumesCounters": "DRAPartitionableDevices",
     "sharedCounters": "DRAPartitionableDevices",
+    "perDeviceNodeSelection": "DRAPartitionableDevices",
     "allowMultipleAllocations": "DRAConsumableCapacity",
     "requestPolicy": "DRAConsumableCapacity",
 }
+# A device's own node selection (per-device pools) is gated; the slice's is not.
+_DEVICE_NODE_FIELDS = {"nodeName", "nodeSelector", "allNodes"}
+_SLICES = path_for(RESOURCE_V1, "resourceslices")
 
 
 def dropped_fields(sent: Any, returned: Any, path: str = "spec") -> list[str]:
@@ -53,172 +90,404 @@ def dropped_fields(sent: Any, returned: Any, path: str = "spec") -> list[str]:
     return out
 
 
+def gate_of(path: str) -> str | None:
+    """The feature gate that probably dropped the field at ``path`` (None: not a gated one)."""
+    name = path.rsplit(".", 1)[-1].split("[")[0]
+    if name in _DEVICE_NODE_FIELDS and ".devices[" in path:
+        return "DRAPartitionableDevices"
+    return GATED_FIELDS.get(name)
+
+
+def dropped_report(slice_name: str, sent_spec: Obj, returned_spec: Obj) -> str | None:
+    """What the apiserver dropped from a slice, and the gate to check; None if nothing."""
+    dropped = dropped_fields(sent_spec, returned_spec)
+    if not dropped:
+        return None
+    gates = sorted({g for p in dropped if (g := gate_of(p)) is not None})
+    hint = f" (is the feature gate {', '.join(gates)} off?)" if gates else ""
+    return f"the apiserver dropped {', '.join(dropped[:5])} from ResourceSlice {slice_name}{hint}"
+
+
 class DroppedFieldsError(RuntimeError):
-    pass
+    """Reported (not raised) by :meth:`SlicePublisher.run` when the apiserver dropped fields."""
+
+
+class SliceClient(Protocol):
+    """What the publisher needs from :class:`dradriver.k8s.client.KubeClient`."""
+
+    async def get_or_none(self, path: str) -> Obj | None: ...
+
+    async def create(self, path: str, body: Obj) -> Obj: ...
+
+    async def replace(self, path: str, body: Obj) -> Obj: ...
+
+    async def delete(self, path: str, missing_ok: bool = True, **params: Any) -> None: ...
+
+
+class SliceCache(Protocol):
+    """What the publisher needs from :class:`dradriver.runtime.Informer`."""
+
+    def items(self) -> list[Obj]: ...
+
+    def add_handler(
+        self,
+        *,
+        on_add: Callable[[Obj], None] | None = None,
+        on_update: Callable[[Obj, Obj], None] | None = None,
+        on_delete: Callable[[Obj], None] | None = None,
+    ) -> None: ...
+
+    async def wait_for_sync(self) -> None: ...
+
+
+def slice_informer(client: ListWatchClient, driver: str, node: str) -> Informer:
+    """The cache a node-local publisher needs: the driver's slices of ``node``."""
+    return Informer(
+        client,
+        _SLICES,
+        name="resourceslices",
+        field_selector=f"spec.nodeName={node},spec.driver={driver}",
+    )
+
+
+@dataclass(frozen=True)
+class SyncResult:
+    """What one :meth:`SlicePublisher.sync` did."""
+
+    pool: str
+    writes: int
+    slices: int  # the pool's slices now (0: removed)
+    generation: int
+    dropped: tuple[str, ...] = ()  # found by this sync's writes (see SlicePublisher.dropped)
+
+
+def _rv(obj: Obj) -> int | None:
+    try:
+        return int((obj.get("metadata") or {}).get("resourceVersion", ""))
+    except ValueError:
+        return None  # not an integer: trust the cache
+
+
+def _name(obj: Obj) -> str:
+    return str((obj.get("metadata") or {}).get("name", ""))
+
+
+def _pool_of(obj: Obj) -> str:
+    return str(((obj.get("spec") or {}).get("pool") or {}).get("name", ""))
+
+
+def _generation(obj: Obj) -> int:
+    return int(((obj.get("spec") or {}).get("pool") or {}).get("generation", 0))
+
+
+class _OwnWrites:
+    """Slices this publisher wrote or deleted that the cache may not show yet.
+
+    An entry goes once the cache shows that object at the same or a newer resourceVersion,
+    or after ``ttl`` seconds: a slice created and deleted by someone else while the
+    informer was relisting would otherwise be believed to exist for ever.
+    """
+
+    def __init__(self, ttl: float) -> None:
+        self.ttl = ttl
+        self._by_name: dict[str, tuple[int, Obj | None, float]] = {}
+
+    def wrote(self, obj: Obj) -> None:
+        rv = _rv(obj)
+        if rv is not None:
+            self._by_name[_name(obj)] = (rv, obj, time.monotonic())
+
+    def deleted(self, obj: Obj) -> None:
+        rv = _rv(obj)
+        if rv is not None:
+            self._by_name[_name(obj)] = (rv, None, time.monotonic())
+
+    def seen(self, obj: Obj) -> None:
+        entry = self._by_name.get(_name(obj))
+        rv = _rv(obj)
+        if entry is not None and rv is not None and rv >= entry[0]:
+            del self._by_name[_name(obj)]
+
+    def overlay(self, cached: dict[str, Obj]) -> dict[str, Obj]:
+        now = time.monotonic()
+        out = dict(cached)
+        for name, (rv, obj, at) in list(self._by_name.items()):
+            current = out.get(name)
+            current_rv = _rv(current) if current is not None else None
+            if now - at > self.ttl or (current_rv is not None and current_rv >= rv):
+                del self._by_name[name]
+            elif obj is None:
+                out.pop(name, None)
+            else:
+                out[name] = obj
+        return out
 
 
 class SlicePublisher:
     def __init__(
         self,
-        client: KubeClient,
+        client: SliceClient,
         driver: str,
-        node: str,
-        desired: Callable[[int], list[Obj]],
+        slices: SliceCache,
+        *,
+        node: str | None = None,
+        before_write: Callable[[str], None] | None = None,
+        on_write: Callable[[], None] | None = None,
         min_interval: float = 1.0,
+        retry_cap: float = 60.0,
         resync_period: float = 60.0,
+        own_write_ttl: float = 60.0,
     ) -> None:
-        """``desired(generation)`` returns the full slices (apiVersion, kind, metadata, spec)."""
+        """``before_write(pool)`` runs before every API write and may raise to prevent it
+        (the controller's lease check); ``on_write`` counts writes (the metric)."""
+        if min_interval <= 0 or retry_cap < min_interval:
+            raise ValueError("the publisher needs 0 < min_interval <= retry_cap")
         self.client = client
         self.driver = driver
         self.node = node
-        self.desired = desired
+        self.slices = slices
+        self.before_write = before_write
+        self.on_write = on_write
         self.min_interval = min_interval
+        self.retry_cap = retry_cap
         self.resync_period = resync_period
         self.writes = 0
         self.syncs = 0
-        self.on_sync: Callable[[], None] | None = None
-        self._dirty = asyncio.Event()
-        self._owner: Obj | None = None
-        self._selector = f"spec.nodeName={node},spec.driver={driver}"
-
-    def trigger(self) -> None:
-        """Ask for a sync soon (inventory changed)."""
-        self._dirty.set()
-
-    async def _existing(self) -> tuple[dict[str, Obj], str]:
-        listing = await self.client.list(
-            path_for(RESOURCE_V1, "resourceslices"), fieldSelector=self._selector
+        self._pools: dict[str, Pool] = {}
+        self._own = _OwnWrites(own_write_ttl)
+        # Slice name -> (what we sent, what the apiserver kept) after it dropped fields.
+        self._stored: dict[str, tuple[Obj, Obj]] = {}
+        self._node_uids: dict[str, str] = {}
+        self._queue: WorkQueue[str] | None = None
+        self._last_sync: dict[str, float] = {}
+        slices.add_handler(
+            on_add=self._observed,
+            on_update=lambda old, new: self._observed(new),
+            on_delete=self._observed,
         )
-        items = {s["metadata"]["name"]: s for s in listing.get("items", [])}
-        return items, str(listing.get("metadata", {}).get("resourceVersion", ""))
 
-    async def _owner_ref(self) -> Obj | None:
-        # Owned by the Node, so the garbage collector removes the slices with it.
-        if self._owner is None:
-            node = await self.client.get_or_none(path_for("v1", "nodes", name=self.node))
-            if node is not None:
-                self._owner = {
-                    "apiVersion": "v1",
-                    "kind": "Node",
-                    "name": self.node,
-                    "uid": node["metadata"]["uid"],
-                    "controller": True,
-                }
-        return self._owner
+    # --- desired state ------------------------------------------------------------------
 
-    async def sync(self) -> int:
-        """One reconcile pass; returns the number of API writes it made."""
+    def set_pool(self, pool: Pool) -> None:
+        """Publish ``pool`` (replacing what was desired for it); a change queues a sync."""
+        if pool.driver != self.driver:
+            raise ValueError(f"pool {pool.name} is for driver {pool.driver}, not {self.driver}")
+        if self.node is not None and pool.node_selection != NodeName(self.node):
+            raise ValueError(
+                f"pool {pool.name}: the publisher of node {self.node} publishes "
+                "only pools on that node"
+            )
+        if self.node is None and isinstance(pool.node_selection, NodeName):
+            raise ValueError(f"pool {pool.name}: a node-local pool needs its node's publisher")
+        if self._pools.get(pool.name) != pool:
+            self._pools[pool.name] = pool
+            self._enqueue(pool.name)
+
+    def remove_pool(self, name: str) -> None:
+        """Stop publishing pool ``name``: its next sync deletes its slices."""
+        self._pools.pop(name, None)
+        self._enqueue(name)
+
+    @property
+    def pools(self) -> list[str]:
+        return sorted(self._pools)
+
+    def dropped(self, pool: str) -> list[str]:
+        """Fields the apiserver did not keep in the pool's slices, with the likely gate."""
+        reports = (
+            dropped_report(name, sent["spec"], kept.get("spec") or {})
+            for name, (sent, kept) in sorted(self._stored.items())
+            if _pool_of(kept) == pool
+        )
+        return [r for r in reports if r]
+
+    # --- actual state -------------------------------------------------------------------
+
+    def manages(self, obj: Obj) -> bool:
+        spec = obj.get("spec") or {}
+        if spec.get("driver") != self.driver:
+            return False
+        return spec.get("nodeName") == self.node if self.node else not spec.get("nodeName")
+
+    def _observed(self, obj: Obj) -> None:
+        if self.manages(obj):
+            self._own.seen(obj)
+            self._enqueue(_pool_of(obj))
+
+    def _existing(self, pool: str) -> dict[str, Obj]:
+        cached = {_name(s): s for s in self.slices.items() if self.manages(s)}
+        return {n: s for n, s in self._own.overlay(cached).items() if _pool_of(s) == pool}
+
+    def _as_wanted(self, desired: Obj, existing: Obj) -> bool:
+        if same_slice(desired, existing):
+            return True
+        # The apiserver cannot keep more of this slice than it did last time.
+        stored = self._stored.get(_name(desired))
+        return (
+            stored is not None
+            and same_slice(desired, stored[0])
+            and slices_equal(stored[1].get("spec") or {}, existing.get("spec") or {})
+        )
+
+    async def _owner_uid(self, pool: Pool) -> str:
+        # Slices owned by the Node go with it (garbage collector). Without a Node object
+        # they get no owner reference.
+        owner = pool.owner
+        if owner is None or owner.uid or not owner.is_node:
+            return ""
+        if owner.name not in self._node_uids:
+            node = await self.client.get_or_none(path_for("v1", "nodes", name=owner.name))
+            if node is None:
+                return ""
+            self._node_uids[owner.name] = str(node["metadata"]["uid"])
+        return self._node_uids[owner.name]
+
+    # --- reconcile ----------------------------------------------------------------------
+
+    async def sync(self, pool_name: str) -> SyncResult:
+        """Make the slices of ``pool_name`` match the desired pool (or delete them)."""
         self.syncs += 1
-        existing, _ = await self._existing()
-        generation = max(
-            (s["spec"]["pool"].get("generation", 0) for s in existing.values()), default=0
-        )
-        want = {s["metadata"]["name"]: s for s in self.desired(generation)}
+        existing = self._existing(pool_name)
+        pool = self._pools.get(pool_name)
+        if pool is None:
+            for name in sorted(existing):
+                await self._delete(pool_name, existing[name])
+            if existing:
+                log.info("removed ResourceSlices", pool=pool_name, writes=len(existing))
+            return SyncResult(pool_name, len(existing), 0, 0)
+
+        uid = await self._owner_uid(pool)
+        generation = max((_generation(s) for s in existing.values()), default=0)
+        want = {_name(s): s for s in build_slices(pool, generation, uid)}
         stale = [
             n
             for n, s in want.items()
             if n not in existing
-            or not slices_equal(s["spec"], existing[n]["spec"])
-            or existing[n]["spec"]["pool"].get("generation") != generation
+            or _generation(existing[n]) != generation
+            or not self._as_wanted(s, existing[n])
         ]
-        if not stale and set(want) == set(existing):
-            return 0
-
-        def names(spec: Obj) -> list[str]:
-            return [d["name"] for d in spec.get("devices", [])]
+        if not stale and want.keys() == existing.keys() and pool.min_generation <= generation:
+            return SyncResult(pool_name, 0, len(want), generation)
 
         # The same slices holding the same devices: rewrite just the changed ones in
-        # place. Anything else (slices added or removed, devices moving between slices)
-        # gets a new pool generation so the scheduler never sees a mixed pool.
-        in_place = set(want) == set(existing) and all(
-            names(want[n]["spec"]) == names(existing[n]["spec"]) for n in want
+        # place. Anything else gets a new pool generation in every slice.
+        in_place = want.keys() == existing.keys() and all(
+            slice_layout(want[n]["spec"]) == slice_layout(existing[n]["spec"]) for n in want
         )
-        if not in_place:
-            generation += 1
-            want = {s["metadata"]["name"]: s for s in self.desired(generation)}
+        if not in_place or pool.min_generation > generation:
+            generation = max(generation + 1, pool.min_generation)
+            want = {_name(s): s for s in build_slices(pool, generation, uid)}
             stale = list(want)
-        owner = await self._owner_ref()
         writes = 0
+        dropped: list[str] = []
+        # Obsolete slices first (as the upstream controller does): devices the driver no
+        # longer has go even if writing the new slices fails.
+        for name in sorted(existing.keys() - want.keys()):
+            await self._delete(pool_name, existing[name])
+            writes += 1
         for name in stale:
-            obj = want[name]
-            if owner is not None:
-                obj.setdefault("metadata", {})["ownerReferences"] = [owner]
-            if name in existing:
-                obj["metadata"]["resourceVersion"] = existing[name]["metadata"]["resourceVersion"]
-                returned = await self.client.replace(
-                    path_for(RESOURCE_V1, "resourceslices", name=name), obj
-                )
-            else:
-                returned = await self.client.create(path_for(RESOURCE_V1, "resourceslices"), obj)
+            report = await self._write(pool_name, want[name], existing.get(name))
             writes += 1
-            self._check_dropped(obj, returned)
-        for name in set(existing) - set(want):
-            await self.client.delete(path_for(RESOURCE_V1, "resourceslices", name=name))
-            writes += 1
-        self.writes += writes
+            if report is not None:
+                dropped.append(report)
         log.info(
             "published ResourceSlices",
-            node=self.node,
+            pool=pool_name,
             slices=len(want),
             generation=generation,
             writes=writes,
         )
-        return writes
+        return SyncResult(pool_name, writes, len(want), generation, tuple(dropped))
 
-    def _check_dropped(self, sent: Obj, returned: Obj) -> None:
-        dropped = dropped_fields(sent["spec"], returned.get("spec", {}))
-        if dropped:
-            gates = sorted(
-                {
-                    GATED_FIELDS[p.rsplit(".", 1)[-1].split("[")[0]]
-                    for p in dropped
-                    if p.rsplit(".", 1)[-1].split("[")[0] in GATED_FIELDS
-                }
+    async def _write(self, pool: str, obj: Obj, current: Obj | None) -> str | None:
+        if self.before_write is not None:
+            self.before_write(pool)
+        name = _name(obj)
+        if current is not None:
+            obj["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
+            returned = await self.client.replace(
+                path_for(RESOURCE_V1, "resourceslices", name=name), obj
             )
-            hint = f" (is the feature gate {', '.join(gates)} off?)" if gates else ""
-            raise DroppedFieldsError(
-                f"the apiserver dropped {', '.join(dropped[:5])} from ResourceSlice "
-                f"{sent['metadata']['name']}{hint}"
-            )
+        else:
+            returned = await self.client.create(_SLICES, obj)
+        self._count_write()
+        self._own.wrote(returned)
+        report = dropped_report(name, obj["spec"], returned.get("spec") or {})
+        if report is None:
+            self._stored.pop(name, None)
+        else:
+            self._stored[name] = (obj, returned)
+            log.warning("fields dropped", pool=pool, slice=name, report=report)
+        return report
+
+    async def _delete(self, pool: str, obj: Obj) -> None:
+        if self.before_write is not None:
+            self.before_write(pool)
+        await self.client.delete(path_for(RESOURCE_V1, "resourceslices", name=_name(obj)))
+        self._count_write()
+        self._own.deleted(obj)
+        self._stored.pop(_name(obj), None)
+
+    def _count_write(self) -> None:
+        self.writes += 1
+        if self.on_write is not None:
+            self.on_write()
+
+    # --- the loop -----------------------------------------------------------------------
+
+    def _enqueue(self, pool: str) -> None:
+        queue = self._queue
+        if queue is None or not pool:
+            return  # not running: run() queues every pool when it starts
+        last = self._last_sync.get(pool)
+        wait = 0.0 if last is None else last + self.min_interval - time.monotonic()
+        queue.add_after(pool, wait)  # rate limit: coalesce bursts of triggers
+
+    def _pool_names(self) -> set[str]:
+        seen = {_pool_of(s) for s in self.slices.items() if self.manages(s)}
+        return (set(self._pools) | seen) - {""}
 
     async def run(self, on_error: Callable[[BaseException, str], None]) -> None:
-        """Sync on triggers, on watch events for our slices, and every resync period."""
-        watcher = asyncio.create_task(self._watch_loop(on_error))
+        """Sync pools on changes, on cache events and every resync period, until cancelled."""
+        if self._queue is not None:
+            raise RuntimeError("the slice publisher is already running")
+        queue: WorkQueue[str] = WorkQueue(
+            "resourceslices", ItemExponentialRateLimiter(self.min_interval, self.retry_cap)
+        )
+        await self.slices.wait_for_sync()
+        self._queue = queue
+        for name in sorted(self._pool_names()):
+            queue.add(name)
+        resync = asyncio.create_task(self._resync())
         try:
-            last = 0.0
-            self._dirty.set()
             while True:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._dirty.wait(), self.resync_period)
-                self._dirty.clear()
-                pause = self.min_interval - (time.monotonic() - last)
-                if pause > 0:
-                    await asyncio.sleep(pause)  # rate limit: coalesce bursts of triggers
-                last = time.monotonic()
                 try:
-                    await self.sync()
-                except Exception as e:  # never let the publisher die; retry on the next round
-                    on_error(e, "publishing ResourceSlices")
-                    self._dirty.set()
-                if self.on_sync is not None:
-                    self.on_sync()
+                    name = await queue.get()
+                except ShutDown:
+                    return
+                try:
+                    result = await self.sync(name)
+                except asyncio.CancelledError:
+                    raise
+                except Exception as e:  # never let the publisher die; retry with backoff
+                    on_error(e, f"publishing the ResourceSlices of pool {name}")
+                    queue.add_rate_limited(name)
+                else:
+                    queue.forget(name)
+                    for report in result.dropped:
+                        on_error(DroppedFieldsError(report), "publishing ResourceSlices")
+                finally:
+                    self._last_sync[name] = time.monotonic()
+                    queue.done(name)
         finally:
-            watcher.cancel()
+            self._queue = None
+            queue.shut_down()
+            resync.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await resync
 
-    async def _watch_loop(self, on_error: Callable[[BaseException, str], None]) -> None:
-        backoff = 0.5
+    async def _resync(self) -> None:
         while True:
-            try:
-                _, rv = await self._existing()
-                async for event in self.client.watch(
-                    path_for(RESOURCE_V1, "resourceslices"), rv, fieldSelector=self._selector
-                ):
-                    backoff = 0.5
-                    if event.get("type") in ("DELETED", "MODIFIED", "ERROR"):
-                        self._dirty.set()
-            except asyncio.CancelledError:
-                raise
-            except Exception as e:
-                on_error(e, "watching ResourceSlices")
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 30)
+            await asyncio.sleep(self.resync_period)  # safety net: level-based, so harmless
+            for name in sorted(self._pool_names()):
+                self._enqueue(name)

@@ -13,7 +13,19 @@ exponential backoff: a failed list is repeated, a failed watch resumes.
 Objects are the server's JSON as plain dicts, so no field is dropped (see
 reference/python-client.md); handlers must treat them as read-only because
 they are the cache's own copies. Handlers run in the informer's task and
-should be quick (typically: put a key in a work queue).
+should be quick (typically: put a key in a work queue); one that raises costs
+that event, not the informer.
+
+One object that cannot be used costs that object, never the cache: an object
+nested deeper than :data:`~dradriver.k8s.jsondecode.MAX_DEPTH` (the client
+hands it over as a :class:`~dradriver.k8s.jsondecode.TooDeepObject`) or
+without the shape of an object (no metadata, no name) is skipped, logged by
+kind, namespace and name and counted in ``dradriver_informer_skipped_total``;
+the watch goes on after it and a list syncs without it. A skipped object is
+never reported as deleted: if an earlier version is cached, that version
+stays (stale, not gone) until the object is fixed or deleted. Every object in
+the cache is therefore at most ``MAX_DEPTH`` deep, so handlers and
+reconcilers may deep-copy or walk it.
 """
 
 from __future__ import annotations
@@ -25,7 +37,8 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from dradriver.k8s.client import KubeAPIError
+from dradriver.k8s.errors import KubeAPIError, is_gone
+from dradriver.k8s.jsondecode import TooDeepObject
 from dradriver.k8s.objects import Obj
 from dradriver.log import get_logger
 from dradriver.runtime.metrics import RuntimeMetrics
@@ -70,6 +83,47 @@ def split_key(key: str) -> tuple[str | None, str]:
 
 def resource_version(obj: Obj) -> str:
     return str((obj.get("metadata") or {}).get("resourceVersion", ""))
+
+
+# Watch event types the metrics count by name; anything else is counted as "other",
+# so a broken or hostile stream cannot grow the label set.
+_EVENT_TYPES = frozenset({"ADDED", "MODIFIED", "DELETED", "BOOKMARK", "ERROR"})
+# Why an object was skipped: the values of the ``reason`` label.
+SKIP_TOO_DEEP = "too_deep"
+SKIP_MALFORMED = "malformed"
+
+
+def _why_unusable(obj: object) -> tuple[str, str] | None:
+    """``(reason label, detail)`` if ``obj`` cannot go into the cache, else None."""
+    if isinstance(obj, TooDeepObject):
+        return SKIP_TOO_DEEP, obj.reason
+    if not isinstance(obj, dict):
+        return SKIP_MALFORMED, f"not a JSON object but {type(obj).__name__}"
+    meta = obj.get("metadata")
+    if not isinstance(meta, dict):
+        return SKIP_MALFORMED, "metadata is not an object"
+    name, namespace = meta.get("name"), meta.get("namespace")
+    if not isinstance(name, str) or not name:
+        return SKIP_MALFORMED, "metadata.name is missing or not a string"
+    if namespace is not None and not isinstance(namespace, str):
+        return SKIP_MALFORMED, "metadata.namespace is not a string"
+    if not isinstance(meta.get("resourceVersion", ""), str):
+        return SKIP_MALFORMED, "metadata.resourceVersion is not a string"
+    return None
+
+
+def _identity(obj: object) -> dict[str, str]:
+    """Kind, namespace and name as far as ``obj`` has them, for a log line."""
+    out: dict[str, str] = {}
+    if isinstance(obj, dict):
+        if isinstance(obj.get("kind"), str):
+            out["kind"] = obj["kind"]
+        meta = obj.get("metadata")
+        if isinstance(meta, dict):
+            for field in ("namespace", "name", "resourceVersion"):
+                if isinstance(meta.get(field), str):
+                    out["resource_version" if field == "resourceVersion" else field] = meta[field]
+    return out
 
 
 @dataclass(frozen=True)
@@ -131,6 +185,7 @@ class Informer:
         self.expired = 0
         self.bookmarks = 0
         self.errors = 0
+        self.skipped = 0
         self.last_error: str = ""
 
     # --- handlers and cache -----------------------------------------------------
@@ -255,8 +310,11 @@ class Informer:
         rv = ""
         while True:
             page = await self.client.list(self.path, **params)
-            items.extend(page.get("items") or [])
             meta = page.get("metadata") or {}
+            page_items = page.get("items") or []
+            if not isinstance(page_items, list) or not isinstance(meta, dict):
+                raise ValueError(f"list {self.path}: not a list response")
+            items.extend(page_items)
             rv = str(meta.get("resourceVersion", ""))
             token = meta.get("continue")
             if not token:
@@ -270,11 +328,21 @@ class Informer:
         try:
             items, rv = await self._list_all()
         except KubeAPIError as e:
-            if e.status == 410:  # the continue token expired between pages
+            if is_gone(e):  # the continue token expired between pages
                 raise Expired(str(e)) from e
             raise
-        new = {self.key_func(obj): obj for obj in items}
         old = self._cache
+        new: dict[str, Obj] = {}
+        skipped = 0
+        for obj in items:
+            key = self._usable_key(obj, "list")
+            if key is not None:
+                new[key] = obj
+            else:
+                skipped += 1
+                key = self._key_or_none(obj)
+                if key is not None and key in old:  # skipped, not gone: keep the last good one
+                    new[key] = old[key]
         self._cache = new
         added = updated = deleted = 0
         for key, obj in new.items():
@@ -304,6 +372,7 @@ class Informer:
             added=added,
             updated=updated,
             deleted=deleted,
+            skipped=skipped,
         )
 
     async def _watch(self) -> None:
@@ -342,45 +411,98 @@ class Informer:
                 if aclose is not None:
                     await aclose()
         except KubeAPIError as e:
-            if e.status == 410:
+            if is_gone(e):
                 raise Expired(str(e)) from e
             raise
 
-    def _on_event(self, event: Obj) -> None:
-        kind = str(event.get("type", ""))
-        obj: Obj = event.get("object") or {}
+    def _on_event(self, event: object) -> None:
+        if not isinstance(event, dict):
+            self._skip(event, SKIP_MALFORMED, "the watch event is not a JSON object", "watch")
+            return
+        kind = event.get("type")
+        kind = kind if isinstance(kind, str) else ""
+        obj = event.get("object")
         if self._metrics is not None:
-            self._metrics.informer_events.labels(self.name, kind).inc()
+            label = kind if kind in _EVENT_TYPES else "other"
+            self._metrics.informer_events.labels(self.name, label).inc()
         if kind == "ERROR":
-            code = obj.get("code")
-            message = obj.get("message") or obj.get("reason") or "watch error"
+            status: Obj = obj if isinstance(obj, dict) else {}
+            code = status.get("code")
+            message = status.get("message") or status.get("reason") or "watch error"
             if code == 410:
                 raise Expired(str(message))
             raise WatchError(f"watch {self.path}: {code} {message}")
-        rv = resource_version(obj)
         if kind == "BOOKMARK":
             self.bookmarks += 1
+            rv = _identity(obj).get("resource_version")
             if rv:
                 self._rv = rv
             return
-        key = self.key_func(obj)
-        before = self._cache.get(key)
-        if kind in ("ADDED", "MODIFIED"):
-            self._cache[key] = obj
-            if before is None:
-                self._dispatch_add(obj)
-            else:
-                self._dispatch_update(before, obj)
-        elif kind == "DELETED":
-            if before is not None:
-                del self._cache[key]
-                self._dispatch_delete(obj)
-        else:
+        if kind not in ("ADDED", "MODIFIED", "DELETED"):
             log.warning("unknown watch event type", informer=self.name, type=kind)
             return
-        if rv:
+        key = self._usable_key(obj, kind)
+        if key is None:
+            # Skipped, not gone; but a deletion is one, whatever the object looks like.
+            gone = self._key_or_none(obj)
+            if kind == "DELETED" and gone is not None and gone in self._cache:
+                self._dispatch_delete(self._cache.pop(gone))
+        else:
+            assert isinstance(obj, dict)
+            before = self._cache.get(key)
+            if kind == "DELETED":
+                if before is not None:
+                    del self._cache[key]
+                    self._dispatch_delete(obj)
+            else:
+                self._cache[key] = obj
+                if before is None:
+                    self._dispatch_add(obj)
+                else:
+                    self._dispatch_update(before, obj)
+        rv = _identity(obj).get("resource_version")
+        if rv:  # also after a skipped object: a resumed watch starts after it
             self._rv = rv
         self._backoff.reset()
+
+    def _usable_key(self, obj: object, event: str) -> str | None:
+        """The cache key of an object fit for the cache; None (skipped, logged) otherwise."""
+        problem = _why_unusable(obj)
+        if problem is None:
+            assert isinstance(obj, dict)
+            try:
+                return self.key_func(obj)
+            except Exception as e:
+                problem = (SKIP_MALFORMED, f"no cache key: {e!r}")
+        self._skip(obj, *problem, event)
+        return None
+
+    def _key_or_none(self, obj: object) -> str | None:
+        """The cache key of a usable or too-deep object, if it has one."""
+        if not isinstance(obj, TooDeepObject) and _why_unusable(obj) is not None:
+            return None
+        assert isinstance(obj, dict)
+        try:
+            key = self.key_func(obj)
+        except Exception:
+            return None
+        return key or None
+
+    def _skip(self, obj: object, reason: str, detail: str, event: str) -> None:
+        self.skipped += 1
+        if self._metrics is not None:
+            self._metrics.informer_skipped.labels(self.name, reason).inc()
+        who = _identity(obj)
+        log.warning(
+            "skipped an object the informer cannot use; the others go on",
+            informer=self.name,
+            kind=who.get("kind") or self.path.rstrip("/").rsplit("/", 1)[-1],
+            namespace=who.get("namespace", ""),
+            name=who.get("name", ""),
+            resource_version=who.get("resource_version", ""),
+            event=event,
+            reason=detail,
+        )
 
     async def _resync_loop(self, period: float) -> None:
         """Periodically re-deliver every cached object as an update (level-based safety net)."""
@@ -410,7 +532,10 @@ class Informer:
     def _call(self, what: str, fn: Callable[..., None], *args: Obj) -> None:
         try:
             fn(*args)
-        except Exception:
+        except Exception:  # RecursionError included: one event, not the informer
             log.exception(
-                "event handler failed", informer=self.name, event=what, key=self.key_func(args[-1])
+                "event handler failed",
+                informer=self.name,
+                event=what,
+                key=self._key_or_none(args[-1]) or "",
             )

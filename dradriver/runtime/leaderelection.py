@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
-from dradriver.k8s.client import KubeAPIError
+from dradriver.k8s.errors import KubeAPIError, is_conflict, is_not_found
 from dradriver.k8s.objects import Obj
 from dradriver.k8s.paths import path_for
 from dradriver.log import get_logger
@@ -297,12 +297,12 @@ class LeaderElector:
                     self._observe(await self.client.replace(path, body))
                     return True
                 except KubeAPIError as e:
-                    if e.status not in (404, 409):
+                    if not (is_not_found(e) or is_conflict(e)):
                         raise
         try:
             lease = await self.client.get(path)
         except KubeAPIError as e:
-            if e.status != 404:
+            if not is_not_found(e):
                 raise
             return await self._create()
         self._observe(lease)
@@ -317,7 +317,7 @@ class LeaderElector:
         try:
             self._observe(await self.client.replace(path, body))
         except KubeAPIError as e:
-            if e.status == 409:
+            if is_conflict(e):
                 return False  # someone else wrote first
             raise
         return True
@@ -334,7 +334,7 @@ class LeaderElector:
                 path_for(COORDINATION_V1, "leases", self.config.namespace), body
             )
         except KubeAPIError as e:
-            if e.status == 409:
+            if is_conflict(e):
                 return False  # another candidate created it first
             raise
         self._observe(created)

@@ -53,6 +53,13 @@ class RuntimeMetrics:
             ["resource", "type"],
             registry=r,
         )
+        self.informer_skipped = Counter(
+            "dradriver_informer_skipped_total",
+            "Objects left out of the cache: reason too_deep (nested deeper than the decoder's"
+            " limit) or malformed (not an object, no metadata or name)",
+            ["resource", "reason"],
+            registry=r,
+        )
         self.informer_synced = Gauge(
             "dradriver_informer_synced",
             "1 once the first list was delivered",

@@ -24,6 +24,7 @@ from prometheus_client import (
     generate_latest,
 )
 
+from dradriver.errors import FieldError
 from dradriver.log import get_logger
 from dradriver.webhook.validation import Settings, Verdict, validate
 
@@ -123,7 +124,8 @@ def build_app(
         except Exception as e:  # never a 500: the apiserver would show a vaguer error
             log.exception("validation failed", **meta)
             metrics.requests.labels("error", operation, "error").inc()
-            verdict = Verdict(False, (f"internal error in the dradriver webhook: {e}",))
+            problem = FieldError("", f"internal error in the dradriver webhook: {e}")
+            verdict = Verdict(False, (problem,))
             return JSONResponse(_review(review["uid"], verdict))
         finally:
             metrics.duration.observe(time.perf_counter() - started)

@@ -47,7 +47,13 @@ from dradriver.devices.topology import (
     natural_key,
     preferred_allocation,
 )
-from dradriver.host.cdi import CDIDevice, CDIError, CDIRegistry
+from dradriver.host.cdi import (
+    CDIDevice,
+    CDIError,
+    CDIRegistry,
+    HostDeviceNodeError,
+    check_host_device_nodes,
+)
 from dradriver.host.containeredits import ContainerEdits
 from dradriver.host.hooks import Hook, HookError, run_hook
 from dradriver.host.ledger import (
@@ -60,7 +66,7 @@ from dradriver.host.ledger import (
     PluginHolder,
 )
 from dradriver.log import get_logger
-from kubeletplugin.inventory import Inventory
+from kubeletplugin.inventory import NodeInventory
 from kubeletplugin.legacy.podresources import Assignment
 from kubeletplugin.metrics import PluginMetrics
 
@@ -117,7 +123,7 @@ class DevicePluginShim:
         *,
         config: DevicePluginConfig,
         driver_name: str,
-        inventory: Inventory,
+        inventory: NodeInventory,
         ledger: Ledger,
         cdi_dir: Path,
         plugin_dir: Path,
@@ -421,6 +427,14 @@ class DevicePluginShim:
             self.metrics.dp_allocation_errors.labels(resource, "invalid").inc()
             raise
         alloc_id = f"alloc-{uuid.uuid4().hex[:12]}"
+        cdi_devices = [CDIDevice(d.name, self._edits(resource, alloc_id, d)) for d in devices]
+        try:
+            check_host_device_nodes(cdi_devices)  # before the hold: nothing to undo
+        except HostDeviceNodeError as e:
+            self.metrics.dp_allocation_errors.labels(resource, "invalid").inc()
+            raise DevicePluginError(
+                f"cannot allocate {resource} devices {','.join(device_ids)}: {e}"
+            ) from e
         refs = [DeviceRef(pool=self.pool, device=d.name) for d in devices]
         self._in_flight.add(alloc_id)
         try:
@@ -439,7 +453,6 @@ class DevicePluginShim:
                     f"cannot record the {resource} allocation in the node ledger: {e}",
                     grpc.StatusCode.INTERNAL,
                 ) from e
-            cdi_devices = [CDIDevice(d.name, self._edits(resource, alloc_id, d)) for d in devices]
             try:
                 ids = self.cdi.write_claim(alloc_id, cdi_devices)
                 self.ledger.complete_plugin_hold(alloc_id, UNKNOWN_CONTAINER)

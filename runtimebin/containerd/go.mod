@@ -2,7 +2,11 @@ module dradriver.dev/runtimebin/containerd
 
 go 1.26.6
 
-require github.com/containerd/containerd/v2 v2.4.2
+require (
+	github.com/containerd/containerd/v2 v2.4.2
+	github.com/opencontainers/runtime-spec v1.3.0
+	tags.cncf.io/container-device-interface v1.1.1
+)
 
 require (
 	cyphar.com/go-pathrs v0.2.5 // indirect
@@ -81,7 +85,6 @@ require (
 	github.com/munnerz/goautoneg v0.0.0-20191010083416-a7dc8b61c822 // indirect
 	github.com/opencontainers/go-digest v1.0.0 // indirect
 	github.com/opencontainers/image-spec v1.1.1 // indirect
-	github.com/opencontainers/runtime-spec v1.3.0 // indirect
 	github.com/opencontainers/selinux v1.15.1 // indirect
 	github.com/pelletier/go-toml/v2 v2.4.3 // indirect
 	github.com/petermattis/goid v0.0.0-20240813172612-4fcff4a6cae7 // indirect
@@ -137,6 +140,5 @@ require (
 	k8s.io/utils v0.0.0-20260626114624-be93311217bd // indirect
 	sigs.k8s.io/json v0.0.0-20250730193827-2d320260d730 // indirect
 	sigs.k8s.io/yaml v1.6.0 // indirect
-	tags.cncf.io/container-device-interface v1.1.1 // indirect
 	tags.cncf.io/container-device-interface/specs-go v1.1.1 // indirect
 )

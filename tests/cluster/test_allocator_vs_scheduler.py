@@ -23,8 +23,8 @@ import pytest
 from devtools.cluster.api import AdminAPI
 from devtools.cluster.local import LocalCluster
 from devtools.cluster.wait import wait_until
-from dradriver.allocator import AllocatedState, Allocator, Inventory, explain, summarize
-from dradriver.k8s.client import KubeAPIError
+from dradriver.allocator import AllocatedState, Allocator, SliceInventory, explain, summarize
+from dradriver.k8s.errors import KubeAPIError
 from dradriver.k8s.objects import Obj
 from dradriver.k8s.paths import RESOURCE_V1, path_for
 
@@ -173,7 +173,7 @@ class Rig:
         classes = [self.api.get(path_for(R, "deviceclasses", name=self.cls))]
         claims = self.api.items(path_for(R, "resourceclaims", self.namespace))
         node = self.api.get(path_for("v1", "nodes", name=NODE))
-        return Allocator(Inventory(slices, classes)), AllocatedState.from_claims(claims), node
+        return Allocator(SliceInventory(slices, classes)), AllocatedState.from_claims(claims), node
 
     # --- claims and pods ----------------------------------------------------------------
 

@@ -27,6 +27,7 @@ from devtools.cluster.kubeletstate import kubelet_cdi_ids
 from devtools.cluster.local import LocalCluster
 from devtools.cluster.wait import wait_until
 from devtools.harness.nodeplugin import NodePlugin, node_slices, start_node_plugin
+from dradriver.devices.static import create_mock_device
 from dradriver.host.cdi import CDIRegistry
 from dradriver.host.ledger import Ledger
 from dradriver.k8s.objects import Obj
@@ -463,13 +464,11 @@ def test_failing_prestart_hook_keeps_the_container_from_starting(
 
 def test_unhealthy_device_lowers_allocatable(ready: Shim, api: AdminAPI) -> None:
     mock = ready.work / "mock" / "dev-3"
-    content = mock.read_bytes()
     mock.unlink()
     try:
         wait_until("allocatable 3", lambda: node_resource(api, ready.resource) == (4, 3), DEADLINE)
     finally:
-        mock.write_bytes(content)
-        mock.chmod(0o600)
+        create_mock_device(str(mock))  # a device node again, or Allocate refuses it
     wait_until("allocatable 4", lambda: node_resource(api, ready.resource) == (4, 4), DEADLINE)
 
 

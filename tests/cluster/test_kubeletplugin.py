@@ -24,6 +24,7 @@ from devtools.harness.controller import install_crds, namespaced_controller
 from devtools.harness.nodeplugin import NodePlugin, free_port, node_slices, start_node_plugin
 from dradriver.api import parameters as params
 from dradriver.devices.model import Device
+from dradriver.devices.static import create_mock_device
 from dradriver.host.cdi import CDIDevice, CDIRegistry
 from dradriver.host.containeredits import ContainerEdits
 from dradriver.host.ledger import ClaimDevice, Ledger
@@ -31,8 +32,9 @@ from dradriver.k8s.client import KubeClient, load_connection
 from dradriver.k8s.objects import Obj
 from dradriver.k8s.paths import RESOURCE_V1, path_for
 from dradriver.kubeletapi.gen import dra_v1_pb2, dra_v1_pb2_grpc
-from dradriver.resourceslice.builder import build_node_slices
-from dradriver.resourceslice.publisher import SlicePublisher
+from dradriver.resourceslice.builder import build_slices
+from dradriver.resourceslice.pool import node_pool
+from dradriver.resourceslice.publisher import SlicePublisher, slice_informer
 
 DRIVER = "dradriver.dev"
 NODE = "node-1"
@@ -610,7 +612,6 @@ def test_unhealthy_device_is_tainted_and_not_allocated(
     published: NodePlugin, api: AdminAPI, namespace: str
 ) -> None:
     mock = published.workdir / "mock" / "dev-5"
-    content = mock.read_bytes()
 
     def taints_of(device: str) -> list[Obj]:
         for s in node_slices(api, NODE, DRIVER):
@@ -639,8 +640,7 @@ def test_unhealthy_device_is_tainted_and_not_allocated(
 
         wait_until("the scheduler to refuse the tainted device", unschedulable, DEADLINE)
     finally:
-        mock.write_bytes(content)
-        mock.chmod(0o600)
+        create_mock_device(str(mock))  # a device node again: the claim's prepare checks it
     wait_until("dev-5 untainted", lambda: not taints_of("dev-5"), DEADLINE)
     wait_running(api, namespace, "p")
 
@@ -820,25 +820,38 @@ def test_unchanged_inventory_writes_nothing(local_cluster: LocalCluster) -> None
     driver, node = "pubtest.dradriver.dev", "pub-node"
     devices = [Device(name=f"d-{i}", attributes={"index": i}) for i in range(300)]
 
-    def desired(generation: int) -> list[Obj]:
-        return build_node_slices(driver, node, devices, [], generation)
+    names = [s["metadata"]["name"] for s in build_slices(node_pool(driver, node, devices, []), 0)]
 
     async def scenario() -> list[int]:
         client = KubeClient(load_connection(str(local_cluster.layout.admin_kubeconfig)))
-        publisher = SlicePublisher(client, driver, node, desired)
+        cache = slice_informer(client, driver, node)
+        cache.start()
+        publisher = SlicePublisher(client, driver, cache, node=node)
+
+        async def publish() -> int:
+            publisher.set_pool(node_pool(driver, node, devices, []))
+            return (await publisher.sync(node)).writes
+
         try:
-            writes = [await publisher.sync(), await publisher.sync()]
+            await cache.wait_for_sync()
+            writes = [await publish(), await publish()]
             devices[7] = Device(name="d-7", attributes={"index": 7, "changed": True})
-            writes.append(await publisher.sync())
-            await client.delete(
-                path_for(R, "resourceslices", name=desired(0)[1]["metadata"]["name"])
+            writes.append(await publish())
+            # Someone deletes a slice (as the kubelet does): once the cache has seen it go,
+            # the publisher puts it back.
+            gone = asyncio.Event()
+            cache.add_handler(
+                on_delete=lambda s: gone.set() if s["metadata"]["name"] == names[1] else None
             )
-            writes.append(await publisher.sync())
-            writes.append(await publisher.sync())
+            await client.delete(path_for(R, "resourceslices", name=names[1]))
+            await asyncio.wait_for(gone.wait(), DEADLINE)
+            writes.append(await publish())
+            writes.append(await publish())
             return writes
         finally:
-            for s in desired(0):
-                await client.delete(path_for(R, "resourceslices", name=s["metadata"]["name"]))
+            await cache.stop()
+            for name in names:
+                await client.delete(path_for(R, "resourceslices", name=name))
             await client.aclose()
 
     first, again, changed, after_delete, settled = asyncio.run(scenario())

@@ -21,7 +21,7 @@ from devtools.harness.controller import (
     namespaced_controller,
 )
 from dradriver.api import parameters as params
-from dradriver.k8s.client import KubeAPIError
+from dradriver.k8s.errors import KubeAPIError
 from dradriver.k8s.objects import Obj
 from dradriver.k8s.paths import RESOURCE_V1, path_for
 from tests.cluster.test_controller_allocation import DEADLINE, NODE, Rig, devices_of

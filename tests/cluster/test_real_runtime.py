@@ -5,10 +5,8 @@ Every check reads what the container itself printed (the probe image's
 its mounts) through the pod log API with the admin client, so it holds only if
 the kubelet, containerd's CDI support and runc really put the device there.
 
-Until mock devices are device nodes (the runtime-devices work), the plugin's
-mock files would be regular files, which containerd's CDI library refuses. The
-plugin keeps whatever already exists at a mock path, so this module creates
-character devices with /dev/null's numbers there before the plugin starts.
+The devices are the static source's mock devices: character devices with
+/dev/null's numbers (1:3) that the plugin makes in its mockDir.
 """
 
 from __future__ import annotations
@@ -34,7 +32,6 @@ from devtools.cluster.probe import Report, read_report
 from devtools.cluster.wait import wait_until
 from devtools.harness.nodeplugin import (
     NodePlugin,
-    make_mock_device_nodes,
     node_slices,
     start_node_plugin,
 )
@@ -51,7 +48,8 @@ NODE = "node-1"
 R = RESOURCE_V1
 # Survives one kubelet retry (prepare, or a container restart's 10 s back-off).
 DEADLINE = 120
-MOCK_DEVICES = ("dev-0", "dev-1", "shared-0", "bad-0", "dp-0")
+# The DRA devices of the config below (dp-0 is the device plugin's only).
+DRA_DEVICES = 4
 SHARE_MOUNT = "/opt/dradriver-share"
 MISSING_MOUNT = "/opt/dradriver-missing"
 
@@ -131,7 +129,6 @@ def real_runtime(local_cluster: LocalCluster) -> None:
 @pytest.fixture(scope="module")
 def plugin(local_cluster: LocalCluster) -> Iterator[NodePlugin]:
     work = Path(tempfile.mkdtemp(prefix="dradriver-test-runtime-", dir="/tmp"))
-    make_mock_device_nodes(work / "mock", MOCK_DEVICES)
     (work / "share").mkdir()
     (work / "share" / "hello").write_text("from the host\n")
     config = work / "config.yaml"
@@ -172,7 +169,7 @@ def published(plugin: NodePlugin, api: AdminAPI) -> NodePlugin:
         "the node's slices",
         lambda: (
             sum(len(s["spec"].get("devices", [])) for s in node_slices(api, NODE, DRIVER))
-            == len(MOCK_DEVICES) - 1
+            == DRA_DEVICES
         ),
         60,
     )

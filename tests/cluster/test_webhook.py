@@ -46,7 +46,7 @@ from devtools.harness.webhook import (
 )
 from dradriver.api import networkpool as net
 from dradriver.api import parameters as params
-from dradriver.k8s.client import KubeAPIError
+from dradriver.k8s.errors import KubeAPIError
 from dradriver.k8s.objects import Obj
 from dradriver.k8s.paths import RESOURCE_V1, path_for
 

@@ -3,22 +3,35 @@
 The cluster tier runs the real apiserver; this fake exists so that the decisions of
 reconcilers, the node driver and the slice publisher can be checked in milliseconds,
 and so that faults the real server cannot be made to produce on demand (a 503 on one
-GET, a 409 race) can be injected. It keeps the apiserver rules those decisions rely
-on: one global resourceVersion, optimistic concurrency on ``metadata.resourceVersion``,
-``metadata.generation`` bumped on spec changes, ``/status`` writes touching only
-status, 404 and 409 as :class:`KubeAPIError`.
+GET, a 409 race, a feature gate that is off) can be injected. It keeps the apiserver
+rules those decisions rely on: one global resourceVersion that every write (deletes
+too) advances, like etcd's revision; optimistic concurrency on
+``metadata.resourceVersion`` and on a delete's ``preconditions``; ``metadata.generation``
+bumped on spec changes; ``/status`` writes touching only status; deletion held by
+finalizers (``deletionTimestamp``; gone once the last finalizer is removed); 404 and 409
+as :class:`KubeAPIError`. It serves no watches: :meth:`FakeAPIServer.feed` plays every
+write into an informer cache instead.
 """
 
 from __future__ import annotations
 
 import copy
 import itertools
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
-from dradriver.k8s.client import KubeAPIError
+from dradriver.k8s.errors import KubeAPIError
 from dradriver.k8s.objects import Obj
+
+
+@dataclass(frozen=True)
+class Write:
+    """A write request as it reached the server (failed ones too), with its body."""
+
+    method: str
+    path: str
+    body: Obj | list[Obj] | None
 
 
 @dataclass
@@ -42,17 +55,35 @@ def _merge(target: Obj, patch: Obj) -> Obj:
     return out
 
 
+class WatchedCache(Protocol):
+    """What :meth:`FakeAPIServer.feed` plays watch events into (``FakeInformer``)."""
+
+    def apply(self, obj: Obj) -> None: ...
+
+    def remove(self, obj: Obj, rv: int | None = None) -> None: ...
+
+
+def _resource_of(path: str) -> str:
+    """The plural of an object path (``.../resourceslices/<name>`` -> ``resourceslices``)."""
+    parts = path.strip("/").split("/")
+    return parts[-2] if len(parts) >= 2 else ""
+
+
 class FakeAPIServer:
     """Objects keyed by their REST path; every write is recorded in :attr:`writes`."""
 
     def __init__(self) -> None:
         self.objects: dict[str, Obj] = {}
         self.writes: list[tuple[str, str]] = []  # (method, path)
+        self.history: list[Write] = []  # the same writes, with their bodies
         self.requests: list[tuple[str, str]] = []
         self.faults: list[Fault] = []
         self._rv = itertools.count(1)
+        self._last_rv = 0
         self._uid = itertools.count(1)
         self.write_count = 0
+        self._write_filters: list[tuple[str, Callable[[Obj], None]]] = []
+        self._feeds: list[tuple[str, WatchedCache]] = []
 
     # --- test controls ------------------------------------------------------------------
 
@@ -63,15 +94,36 @@ class FakeAPIServer:
     def clear_faults(self) -> None:
         self.faults.clear()
 
+    def on_write(self, path_prefix: str, change: Callable[[Obj], None]) -> None:
+        """Let ``change`` edit every object created or updated under ``path_prefix`` before
+        it is stored: e.g. drop the fields a disabled feature gate makes the apiserver drop."""
+        self._write_filters.append((path_prefix, change))
+
+    def feed(self, resource: str, cache: WatchedCache) -> None:
+        """Play every later write of objects of ``resource`` (plural) into ``cache``, as a
+        watch would (at once: a test that wants a cache behind the server does not feed)."""
+        self._feeds.append((resource, cache))
+
     def put(self, path: str, obj: Obj) -> Obj:
-        """Store ``obj`` at ``path`` as if it had been created (no write recorded)."""
+        """Store ``obj`` at ``path`` as if it had been created (no write recorded; fed caches
+        see it)."""
         stored = copy.deepcopy(obj)
         meta = stored.setdefault("metadata", {})
         meta.setdefault("uid", f"uid-{next(self._uid)}")
         meta.setdefault("generation", 1)
-        meta["resourceVersion"] = str(next(self._rv))
+        meta["resourceVersion"] = self._next_rv()
         self.objects[path] = stored
+        self._notify(path, stored)
         return copy.deepcopy(stored)
+
+    @property
+    def resource_version(self) -> int:
+        """The newest resourceVersion issued (etcd's current revision)."""
+        return self._last_rv
+
+    def _next_rv(self) -> str:
+        self._last_rv = next(self._rv)
+        return str(self._last_rv)
 
     def stored(self, path: str) -> Obj | None:
         obj = self.objects.get(path)
@@ -108,18 +160,38 @@ class FakeAPIServer:
         if method != "GET":
             self.write_count += 1
             self.writes.append((method, path))
+            self.history.append(Write(method, path, copy.deepcopy(body)))
         if method == "GET":
             return self._get(path, params or {})
         assert body is None or isinstance(body, dict)
         if method == "POST":
-            return self._create(path, body or {})
-        if method == "PUT":
-            return self._update(path, body or {}, merge=False)
-        if method == "PATCH":
-            return self._update(path, body or {}, merge=True)
-        if method == "DELETE":
-            return self._delete(path)
-        raise AssertionError(f"unexpected method {method}")
+            out = self._create(path, body or {})
+            self._notify(f"{path.rstrip('/')}/{out['metadata']['name']}", out)
+        elif method in ("PUT", "PATCH"):
+            base, _ = self._split(path)
+            out = self._update(path, body or {}, merge=method == "PATCH")
+            self._notify(base, self.objects.get(base), out)
+        elif method == "DELETE":
+            before = self.objects.get(path)
+            out = self._delete(path, body or {})
+            self._notify(path, self.objects.get(path), before)
+        else:
+            raise AssertionError(f"unexpected method {method}")
+        return out
+
+    def _filter(self, path: str, obj: Obj) -> None:
+        for prefix, change in self._write_filters:
+            if path.startswith(prefix):
+                change(obj)
+
+    def _notify(self, path: str, now: Obj | None, last: Obj | None = None) -> None:
+        for resource, cache in self._feeds:
+            if _resource_of(path) != resource:
+                continue
+            if now is not None:
+                cache.apply(copy.deepcopy(now))
+            elif last is not None:
+                cache.remove(copy.deepcopy(last), rv=self.resource_version)
 
     @staticmethod
     def is_collection(path: str) -> bool:
@@ -151,7 +223,7 @@ class FakeAPIServer:
             ]
         return {
             "kind": "List",
-            "metadata": {"resourceVersion": str(next(self._rv))},
+            "metadata": {"resourceVersion": self._next_rv()},
             "items": items,
         }
 
@@ -161,11 +233,15 @@ class FakeAPIServer:
         if "name" not in meta:
             meta["name"] = f"{meta.get('generateName', 'obj-')}{next(self._uid):05d}"
         target = f"{path.rstrip('/')}/{meta['name']}"
+        parts = path.strip("/").split("/")
+        if "namespaces" in parts[:-1]:
+            meta["namespace"] = parts[parts.index("namespaces") + 1]  # as the real one does
         if target in self.objects:
             raise KubeAPIError("POST", path, 409, {"reason": "AlreadyExists"})
         meta["uid"] = f"uid-{next(self._uid)}"
         meta["generation"] = 1
-        meta["resourceVersion"] = str(next(self._rv))
+        meta["resourceVersion"] = self._next_rv()
+        self._filter(target, obj)
         self.objects[target] = obj
         return copy.deepcopy(obj)
 
@@ -191,16 +267,35 @@ class FakeAPIServer:
             for key in ("uid", "generation", "creationTimestamp"):
                 if key in current["metadata"]:
                     new["metadata"][key] = current["metadata"][key]
+            if "deletionTimestamp" in current["metadata"]:
+                new["metadata"]["deletionTimestamp"] = current["metadata"]["deletionTimestamp"]
+            self._filter(base, new)
             if new.get("spec") != current.get("spec"):
                 new["metadata"]["generation"] = int(current["metadata"].get("generation", 1)) + 1
-        new["metadata"]["resourceVersion"] = str(next(self._rv))
+        new["metadata"]["resourceVersion"] = self._next_rv()
+        if "deletionTimestamp" in new["metadata"] and not new["metadata"].get("finalizers"):
+            del self.objects[base]  # the last finalizer is gone: so is the object
+            return copy.deepcopy(new)
         self.objects[base] = new
         return copy.deepcopy(new)
 
-    def _delete(self, path: str) -> Obj:
-        obj = self.objects.pop(path, None)
+    def _delete(self, path: str, body: Obj) -> Obj:
+        obj = self.objects.get(path)
         if obj is None:
             raise KubeAPIError("DELETE", path, 404, {"reason": "NotFound"})
+        preconditions = body.get("preconditions") or {}
+        for field in ("resourceVersion", "uid"):
+            want = preconditions.get(field)
+            if want is not None and str(want) != obj["metadata"].get(field):
+                raise KubeAPIError("DELETE", path, 409, {"reason": "Conflict"})
+        if obj["metadata"].get("finalizers"):
+            # Held until the finalizers are removed; a second delete changes nothing.
+            if "deletionTimestamp" not in obj["metadata"]:
+                obj["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+                obj["metadata"]["resourceVersion"] = self._next_rv()
+            return copy.deepcopy(obj)
+        del self.objects[path]
+        self._next_rv()
         return {"kind": "Status", "status": "Success"}
 
     async def get(self, path: str, **params: Any) -> Obj:

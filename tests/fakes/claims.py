@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from dradriver import DEFAULT_DRIVER_NAME
-from dradriver.api import opaqueconfig
+from dradriver.api.group import api_version
 from dradriver.api.parameters import REFERENCE_KIND
 from dradriver.api.pinnedparameters import DATA_KEY
 from dradriver.k8s.objects import Obj
@@ -25,7 +25,7 @@ from tests.fakes.apiserver import FakeAPIServer
 
 DRIVER = DEFAULT_DRIVER_NAME
 NODE = "node-1"
-CONFIG_API_VERSION = f"{DRIVER}/{opaqueconfig.API_VERSION}"
+CONFIG_API_VERSION = api_version(DRIVER)
 DEVICE_CLASS = "dradriver.dev"
 _UIDS = uuid.UUID("3f0b6c1e-3c1a-4f55-9b0e-6f1f1d2c9a10")
 

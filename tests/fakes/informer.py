@@ -29,6 +29,13 @@ class FakeInformer:
     def add_handler(self, **handlers: Callable[..., None] | None) -> None:
         self.handlers.append(handlers)
 
+    @property
+    def has_synced(self) -> bool:
+        return self.synced
+
+    async def wait_for_sync(self) -> None:
+        assert self.synced, "a FakeInformer that is not synced never becomes synced"
+
     def get(self, key: str) -> Obj | None:
         return self.cache.get(key)
 
@@ -50,6 +57,8 @@ class FakeInformer:
                 cast(Callable[[Obj, Obj], None], h["on_update"])(old, obj)
 
     def remove(self, obj: Obj, rv: int | None = None) -> None:
+        if key_of(obj) not in self.cache:
+            return  # a watch reports deletes of objects it has seen only
         gone = copy.deepcopy(self.cache.pop(key_of(obj)))
         if rv is not None:
             gone["metadata"]["resourceVersion"] = str(rv)

@@ -21,6 +21,7 @@ from prometheus_client import generate_latest
 
 from dradriver.devices.config import parse_config
 from dradriver.devices.sources import build_sources, discover_all
+from dradriver.devices.static import create_mock_device
 from dradriver.host.cdi import CDIDevice, CDIRegistry
 from dradriver.host.containeredits import ContainerEdits
 from dradriver.host.ledger import ClaimDevice, DeviceBusy, Ledger
@@ -29,7 +30,7 @@ from dradriver.kubeletapi.gen import deviceplugin_v1beta1_pb2 as dp
 from dradriver.kubeletapi.gen import deviceplugin_v1beta1_pb2_grpc as dp_grpc
 from dradriver.kubeletapi.gen import podresources_v1_pb2 as pr
 from dradriver.kubeletapi.gen import podresources_v1_pb2_grpc as pr_grpc
-from kubeletplugin.inventory import Inventory
+from kubeletplugin.inventory import NodeInventory
 from kubeletplugin.legacy.podresources import Assignment, HoldReconciler, PodResourcesClient
 from kubeletplugin.legacy.shim import CDI_CLASS, DevicePluginShim, held_taint_key
 from kubeletplugin.metrics import PluginMetrics
@@ -167,7 +168,7 @@ def config_text(root: Path, mode: str, pre_start: Obj | None = None) -> str:
 class Env:
     root: Path
     shim: DevicePluginShim
-    inventory: Inventory
+    inventory: NodeInventory
     ledger: Ledger
     kubelet: FakeKubelet
     metrics: PluginMetrics
@@ -187,7 +188,7 @@ class Env:
     def set_health(self, device: str, healthy: bool) -> None:
         mock = self.root / "mock" / device
         if healthy:
-            mock.write_text(f"{device}\n")
+            create_mock_device(str(mock))
         else:
             mock.unlink()
         self.inventory.refresh()
@@ -197,7 +198,7 @@ class Env:
 def make_shim(root: Path, mode: str, pre_start: Obj | None = None) -> DevicePluginShim:
     config = parse_config(config_text(root, mode, pre_start))
     sources = build_sources(config)
-    inventory = Inventory(NODE, lambda: discover_all(sources))
+    inventory = NodeInventory(NODE, lambda: discover_all(sources))
     ledger = Ledger.load(root / "state" / "ledger.json")
     return DevicePluginShim(
         config=config.device_plugin,

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from dradriver.allocator import AllocatedState, Allocator, Inventory, allocate, claim_key
+from dradriver.allocator import AllocatedState, Allocator, SliceInventory, allocate, claim_key
 from tests.unit.test_allocator_builders import (
     DRIVER,
     A,
@@ -39,7 +39,7 @@ def run(
     state: AllocatedState | None = None,
     **kwargs: Any,
 ) -> Any:
-    allocator = Allocator(Inventory(slices, classes if classes is not None else [GPU]))
+    allocator = Allocator(SliceInventory(slices, classes if classes is not None else [GPU]))
     node_arg = kwargs.pop("node", NODE_1 if "nodes" not in kwargs else None)
     return allocator.allocate(claims, state or AllocatedState(), node=node_arg, **kwargs)
 
@@ -465,7 +465,7 @@ def test_counters_consumed_by_allocated_devices() -> None:
 
 
 def test_counters_exhausted_across_claims_in_sequence() -> None:
-    allocator = Allocator(Inventory(partitioned_pool(), [GPU]))
+    allocator = Allocator(SliceInventory(partitioned_pool(), [GPU]))
     state = AllocatedState()
     got = []
     for i in range(5):
@@ -499,7 +499,7 @@ def shareable(policy: dict[str, Any] | None = None, value: str = "10G") -> dict[
 
 def test_multi_allocatable_device_is_shared_with_share_ids() -> None:
     policy = {"default": "1G", "validRange": {"min": "1G", "step": "1G"}}
-    allocator = Allocator(Inventory([shareable(policy)], [GPU]))
+    allocator = Allocator(SliceInventory([shareable(policy)], [GPU]))
     state = AllocatedState()
     shares = []
     for i in range(3):
@@ -822,7 +822,7 @@ def test_cel_runtime_error_means_no_match_or_abort() -> None:
     slices = [node_slice("node-1", [device("no-model"), device("m", {"model": "a"})])]
     c = claim("c", request("g", selectors=[f'{A}.model == "a"']))
     assert picked(run(slices, [c])) == [("g", "m")]
-    allocator = Allocator(Inventory(slices, [GPU]), abort_on_cel_error=True)
+    allocator = Allocator(SliceInventory(slices, [GPU]), abort_on_cel_error=True)
     outcome = allocator.allocate([c], AllocatedState(), node=NODE_1)
     assert outcome.error is not None
     assert (
@@ -844,10 +844,10 @@ def test_search_budget() -> None:
     # Five pairwise distinct values are needed, only four exist: an exhaustive search.
     slices = [node_slice("node-1", [device(f"d{i}", {"v": i % 4}) for i in range(16)])]
     c = claim("c", request("g", count=5), constraints=[{"distinctAttribute": f"{DRIVER}/v"}])
-    allocator = Allocator(Inventory(slices, [GPU]), max_steps=50)
+    allocator = Allocator(SliceInventory(slices, [GPU]), max_steps=50)
     outcome = allocator.allocate([c], AllocatedState(), node=NODE_1)
     assert outcome.error is not None and "search stopped after 50 steps" in outcome.error
-    assert Allocator(Inventory(slices, [GPU])).allocate([c], node=NODE_1).unsatisfiable
+    assert Allocator(SliceInventory(slices, [GPU])).allocate([c], node=NODE_1).unsatisfiable
 
 
 def test_one_shot_helper() -> None:

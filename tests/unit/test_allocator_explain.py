@@ -8,7 +8,7 @@ from dradriver.allocator import (
     AllocatedState,
     Allocator,
     ExplainRow,
-    Inventory,
+    SliceInventory,
     explain,
     format_table,
     summarize,
@@ -32,7 +32,7 @@ GPU = device_class()
 A100 = f'{A}.model == "a100"'
 
 
-def inventory() -> Inventory:
+def inventory() -> SliceInventory:
     slices = [
         node_slice(
             "node-1",
@@ -55,7 +55,7 @@ def inventory() -> Inventory:
         node_slice("node-3", [], name="s-new", generation=2),
         node_slice("node-4", [device("gpu-0", {"model": "a100"})], count=2),
     ]
-    return Inventory(slices, [GPU])
+    return SliceInventory(slices, [GPU])
 
 
 def state() -> AllocatedState:
@@ -124,7 +124,7 @@ def test_pick_a_node_explanation_uses_each_devices_own_node() -> None:
 def test_devices_on_different_nodes_do_not_add_up() -> None:
     slices = [node_slice("node-1", [device("a")]), node_slice("node-2", [device("b")])]
     rows = explain(
-        Inventory(slices, [GPU]), claim("c", request("g", count=2)), nodes=["node-1", "node-2"]
+        SliceInventory(slices, [GPU]), claim("c", request("g", count=2)), nodes=["node-1", "node-2"]
     )
     assert (
         rows[-1].reason
@@ -134,7 +134,7 @@ def test_devices_on_different_nodes_do_not_add_up() -> None:
 
 def test_no_node_given_for_node_local_devices() -> None:
     rows = explain(
-        Inventory([node_slice("node-1", [device("a")])], [GPU]), claim("c", request("g"))
+        SliceInventory([node_slice("node-1", [device("a")])], [GPU]), claim("c", request("g"))
     )
     assert by_device(rows)[("node-1", "a")].reason == (
         "local to node node-1: it needs a node, and no candidate nodes were given"
@@ -180,7 +180,7 @@ def test_constraint_that_cannot_be_met_is_named() -> None:
         request("nic", selectors=[f'{A}.kind == "nic"']),
         constraints=[{"matchAttribute": f"{DRIVER}/numa"}],
     )
-    rows = explain(Inventory(slices, [GPU]), c, node=node("node-1"))
+    rows = explain(SliceInventory(slices, [GPU]), c, node=node("node-1"))
     last = rows[-1]
     assert last.category == "constraint" and last.verdict == "unsatisfied"
     assert last.reason.startswith(
@@ -193,7 +193,7 @@ def test_constraint_that_cannot_be_met_is_named() -> None:
 def test_competing_requests() -> None:
     slices = [node_slice("node-1", [device("only")])]
     rows = explain(
-        Inventory(slices, [GPU]), claim("c", request("a"), request("b")), node=node("node-1")
+        SliceInventory(slices, [GPU]), claim("c", request("a"), request("b")), node=node("node-1")
     )
     assert rows[-1].reason.startswith(
         "each request can be satisfied on its own, but not all of them"
@@ -210,7 +210,7 @@ def test_first_available_rows_per_subrequest() -> None:
             ("mid", exact(selectors=[A100])),
         ),
     )
-    rows = explain(Inventory(slices, [GPU]), c, node=node("node-1"))
+    rows = explain(SliceInventory(slices, [GPU]), c, node=node("node-1"))
     requests = {r.request for r in rows}
     assert requests == {"gpu/big", "gpu/mid", "gpu"}
     assert rows[-1] == ExplainRow(
@@ -274,7 +274,7 @@ def test_counters_and_capacity_reasons() -> None:
         },
     )
     c = claim("c", request("g", selectors=["device.attributes.size() >= 0"], capacity={"bw": "4G"}))
-    rows = explain(Inventory([counters, devices], [GPU]), c, s, node=node("node-1"))
+    rows = explain(SliceInventory([counters, devices], [GPU]), c, s, node=node("node-1"))
     found = by_device(rows)
     assert found[("node-1", "part")].reason == "allocated to claim ns/a"
     assert (
@@ -329,7 +329,7 @@ def test_network_pool_unreachable_from_candidates() -> None:
         )
     ]
     rows = explain(
-        Inventory(slices, [GPU]), claim("c", request("n")), nodes=[node("node-1", zone="a")]
+        SliceInventory(slices, [GPU]), claim("c", request("n")), nodes=[node("node-1", zone="a")]
     )
     assert (
         by_device(rows)[("fabric", "nic")].reason

@@ -20,7 +20,13 @@ from typing import Any
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from dradriver.allocator import AllocatedState, Allocator, Inventory, claim_key, selector_matches
+from dradriver.allocator import (
+    AllocatedState,
+    Allocator,
+    SliceInventory,
+    claim_key,
+    selector_matches,
+)
 from dradriver.allocator.nodes import NodeInfo
 from tests.unit.test_allocator_builders import (
     DRIVER,
@@ -265,7 +271,7 @@ def brute_force(spec: ClaimSpec, devices: list[Dev], taken: set[tuple[str, str, 
 def run_sequence(
     devices: list[Dev], specs: list[ClaimSpec], complete: bool, record: bool = True
 ) -> None:
-    allocator = Allocator(Inventory(to_slices(devices), [device_class()]))
+    allocator = Allocator(SliceInventory(to_slices(devices), [device_class()]))
     by_id = {d.id: d for d in devices}
     state = AllocatedState()
     used: Counter[tuple[str, str, str]] = Counter()

@@ -1,10 +1,10 @@
 """Pure parts of controller allocation: immediacy, effective requests, config pinning,
-conflict detection, parameters in use."""
+conflict detection, parameters in use; and the ParametersReconciler's in-use finalizer
+against the fake apiserver."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 from typing import Any, cast
 
 import pytest
@@ -24,11 +24,16 @@ from controller.claims.allocation import (
     should_yield,
     with_timestamp,
 )
-from controller.claims.reconciler import NotLeader, ParametersReconciler, parameters_used_by
-from dradriver.allocator import AllocatedState, Allocator, Inventory
+from controller.leadership import NotLeader
+from controller.parameters import ParametersReconciler, parameters_used_by
+from dradriver.allocator import AllocatedState, Allocator, SliceInventory
 from dradriver.api import parameters as params
 from dradriver.api.opaqueconfig import effective_configs
+from dradriver.k8s.errors import KubeAPIError, is_conflict
 from dradriver.k8s.objects import Obj
+from dradriver.k8s.paths import path_for
+from tests.fakes.apiserver import FakeAPIServer
+from tests.fakes.informer import FakeInformer
 
 DRIVER = "dradriver.dev"
 API = f"{DRIVER}/{params.VERSION}"
@@ -225,7 +230,7 @@ def test_allocator_output_gets_a_timestamp_and_pinned_config() -> None:
     classes = [{"metadata": {"name": "cls"}, "spec": {}}]
     c = claim(config=[opaque(reference("p"))])
     request = allocation_request(DRIVER, c, lookup_from(stored("p", {"profile": "x"})))
-    outcome = Allocator(Inventory(slices, classes)).allocate([c], AllocatedState())
+    outcome = Allocator(SliceInventory(slices, classes)).allocate([c], AllocatedState())
     assert outcome.ok and outcome.allocations
     result = with_timestamp(outcome.allocations[0], "2026-01-01T00:00:00Z")
     assert "allocationTimestamp" not in outcome.allocations[0]
@@ -284,9 +289,9 @@ def test_effective_claim_applies_count_and_selectors_without_touching_the_claim(
         ],
     }
     # The allocator honours them: exactly the two devices the selectors leave.
-    outcome = Allocator(Inventory(pool(4), [{"metadata": {"name": "cls"}, "spec": {}}])).allocate(
-        [effective], AllocatedState()
-    )
+    outcome = Allocator(
+        SliceInventory(pool(4), [{"metadata": {"name": "cls"}, "spec": {}}])
+    ).allocate([effective], AllocatedState())
     assert outcome.ok and outcome.allocations
     results = outcome.allocations[0]["devices"]["results"]
     assert sorted(r["device"] for r in results) == ["dev-2", "dev-3"]
@@ -387,46 +392,10 @@ def test_in_use_message() -> None:
     assert in_use_message(names, limit=3) == "in use by claims c0, c1, c2 and 9 more"
 
 
-class FakeInformer:
-    def __init__(self, *objs: Obj) -> None:
-        self.cache = {f"{o['metadata']['namespace']}/{o['metadata']['name']}": o for o in objs}
-
-    def get(self, key: str) -> Obj | None:
-        return self.cache.get(key)
-
-    def items(self) -> list[Obj]:
-        return list(self.cache.values())
-
-    def add_handler(self, **handlers: Callable[..., None] | None) -> None:
-        pass
-
-
-class FakeClient:
-    def __init__(self, params_informer: FakeInformer) -> None:
-        self.params = params_informer
-        self.patches: list[tuple[str, Obj]] = []
-        self.events: list[Obj] = []
-
-    async def merge_patch(self, path: str, body: Obj) -> Obj:
-        self.patches.append((path, body))
-        assert not path.endswith("/status"), "no status write expected"
-        obj = self.params.cache[f"ns/{path.split('/')[-1]}"]
-        if "finalizers" in body.get("metadata", {}):
-            obj["metadata"]["finalizers"] = body["metadata"]["finalizers"]
-        obj["metadata"]["resourceVersion"] = str(int(obj["metadata"]["resourceVersion"]) + 1)
-        return obj
-
-    async def create(self, path: str, body: Obj) -> Obj:
-        self.events.append(body)
-        return body
-
-
 def params_object(name: str, **metadata: Any) -> Obj:
     """A stored object whose Valid condition is up to date (no status write expected)."""
     obj = stored(name, {"profile": "x"})
-    obj["metadata"].update(
-        {"uid": f"uid-{name}", "resourceVersion": "1", "generation": 1, **metadata}
-    )
+    obj["metadata"].update({"uid": f"uid-{name}", "generation": 1, **metadata})
     valid, _ = params.set_condition(
         [], params.VALID_CONDITION, "True", "Valid", "the spec is valid", 1
     )
@@ -434,38 +403,59 @@ def params_object(name: str, **metadata: Any) -> Obj:
     return obj
 
 
-def run_reconciler(
-    objs: list[Obj], claims: list[Obj], key: str, leader: bool = True
-) -> tuple[FakeClient, FakeInformer]:
-    informer = FakeInformer(*objs)
-    client = FakeClient(informer)
+def params_path(name: str) -> str:
+    return path_for(API, params.PLURAL, "ns", name)
+
+
+def events_in(api: FakeAPIServer) -> list[Obj]:
+    prefix = path_for("v1", "events", "ns") + "/"
+    return [o for path, o in sorted(api.objects.items()) if path.startswith(prefix)]
+
+
+def rig(
+    objs: list[Obj], claims: list[Obj], leader: bool = True
+) -> tuple[FakeAPIServer, ParametersReconciler]:
+    """A ParametersReconciler whose informer shows ``objs`` as the fake apiserver has them."""
+    api = FakeAPIServer()
+    informer = FakeInformer(*(api.put(params_path(o["metadata"]["name"]), o) for o in objs))
     reconciler = ParametersReconciler(
-        cast(Any, client),
+        cast(Any, api),
         DRIVER,
         cast(Any, informer),
         lambda: leader,
         claims=cast(Any, FakeInformer(*claims)),
     )
+    return api, reconciler
+
+
+def run_reconciler(
+    objs: list[Obj], claims: list[Obj], key: str, leader: bool = True
+) -> FakeAPIServer:
+    api, reconciler = rig(objs, claims, leader)
     asyncio.run(reconciler(key))
-    return client, informer
+    return api
 
 
 def test_parameters_reconciler_adds_and_removes_the_in_use_finalizer() -> None:
     users = [allocated("a", [opaque(reference("p"))]), allocated("b", [opaque(reference("p"))])]
-    client, informer = run_reconciler([params_object("p", finalizers=["x/keep"])], users, "ns/p")
-    assert client.patches == [
-        (
-            f"/apis/{API}/namespaces/ns/{params.PLURAL}/p",
-            {"metadata": {"resourceVersion": "1", "finalizers": ["x/keep", IN_USE_FINALIZER]}},
-        )
-    ]
-    assert client.events == []  # not being deleted: nothing to say
+    api = run_reconciler([params_object("p", finalizers=["x/keep"])], users, "ns/p")
+    [write] = api.history
+    assert (write.method, write.path) == ("PATCH", params_path("p"))
+    # At the resourceVersion the informer showed (the first the fake apiserver issues).
+    assert write.body == {
+        "metadata": {"resourceVersion": "1", "finalizers": ["x/keep", IN_USE_FINALIZER]}
+    }
+    assert events_in(api) == []  # not being deleted: nothing to say
+    protected = api.stored(params_path("p"))
+    assert protected is not None
+    assert protected["metadata"]["finalizers"] == ["x/keep", IN_USE_FINALIZER]
     # Already there: nothing to write.
-    client, _ = run_reconciler([informer.cache["ns/p"]], users, "ns/p")
-    assert client.patches == []
+    assert run_reconciler([protected], users, "ns/p").writes == []
     # No allocated claim left: removed, other finalizers kept.
-    client, informer = run_reconciler([informer.cache["ns/p"]], [], "ns/p")
-    assert [body["metadata"]["finalizers"] for _, body in client.patches] == [["x/keep"]]
+    api = run_reconciler([protected], [], "ns/p")
+    assert [(w.method, w.path) for w in api.history] == [("PATCH", params_path("p"))]
+    released = api.stored(params_path("p"))
+    assert released is not None and released["metadata"]["finalizers"] == ["x/keep"]
 
 
 def test_parameters_reconciler_explains_a_blocked_deletion_once() -> None:
@@ -473,15 +463,11 @@ def test_parameters_reconciler_explains_a_blocked_deletion_once() -> None:
     deleting = params_object(
         "p", finalizers=[IN_USE_FINALIZER], deletionTimestamp="2026-01-01T00:00:00Z"
     )
-    informer = FakeInformer(deleting)
-    client = FakeClient(informer)
-    reconciler = ParametersReconciler(
-        cast(Any, client), DRIVER, cast(Any, informer), claims=cast(Any, FakeInformer(*users))
-    )
+    api, reconciler = rig([deleting], users)
     asyncio.run(reconciler("ns/p"))
     asyncio.run(reconciler("ns/p"))
-    assert client.patches == []
-    [event] = client.events
+    assert api.writes == [("POST", path_for("v1", "events", "ns"))]  # one event, no patch
+    [event] = events_in(api)
     assert event["reason"] == "InUse" and event["type"] == "Warning"
     assert event["message"] == "deletion waits: in use by claims a, b"
     assert event["involvedObject"]["kind"] == params.KIND
@@ -489,10 +475,24 @@ def test_parameters_reconciler_explains_a_blocked_deletion_once() -> None:
     assert event["involvedObject"]["namespace"] == "ns"
 
 
+def test_parameters_reconciler_behind_the_server_retries_and_a_deleted_object_is_done() -> None:
+    users = [allocated("a", [opaque(reference("p"))])]
+    api, reconciler = rig([params_object("p")], users)
+    newer = api.stored(params_path("p"))
+    assert newer is not None
+    api.put(params_path("p"), newer)  # changed meanwhile; the informer has not seen it
+    with pytest.raises(KubeAPIError) as e:
+        asyncio.run(reconciler("ns/p"))
+    assert is_conflict(e.value)  # the workqueue retries once the cache catches up
+    after = api.stored(params_path("p"))
+    assert after is not None and IN_USE_FINALIZER not in after["metadata"].get("finalizers", [])
+    del api.objects[params_path("p")]  # deleted meanwhile: nothing left to protect
+    asyncio.run(reconciler("ns/p"))
+
+
 def test_parameters_reconciler_adds_no_finalizer_while_deleting_nor_writes_as_standby() -> None:
     users = [allocated("a", [opaque(reference("p"))])]
     deleting = params_object("p", deletionTimestamp="2026-01-01T00:00:00Z")
-    client, _ = run_reconciler([deleting], users, "ns/p")
-    assert client.patches == [] and client.events == []
+    assert run_reconciler([deleting], users, "ns/p").writes == []
     with pytest.raises(NotLeader):
         run_reconciler([params_object("p")], users, "ns/p", leader=False)

@@ -1,12 +1,11 @@
-"""Fence claims: the pure rules of controller/claims/fences.py, and the ClaimReconciler's fence
-writes against an in-memory API server (resourceVersions ordered like etcd's)."""
+"""Fence claims: the pure rules of controller/claims/fences.py, and the fence lifecycle
+(controller/claims/fencing.py) and conflict hold (conflicts.py) as the ClaimReconciler runs
+them against the fake apiserver (resourceVersions ordered like etcd's)."""
 
 from __future__ import annotations
 
 import asyncio
-import copy
 import json
-from collections.abc import Callable
 from typing import Any, cast
 
 import pytest
@@ -16,9 +15,11 @@ from controller.claims.allocation import ALLOCATION_ANNOTATION, FINALIZER
 from controller.claims.reconciler import ClaimReconciler
 from dradriver.allocator import AllocatedState, DeviceID
 from dradriver.api.wellknown import CONFLICT_ANNOTATION
-from dradriver.k8s.client import KubeAPIError
-from dradriver.k8s.objects import Obj
+from dradriver.k8s.objects import Obj, revision
+from dradriver.k8s.paths import RESOURCE_V1, path_for
 from dradriver.runtime import RequeueAfter
+from tests.fakes.apiserver import FakeAPIServer
+from tests.fakes.informer import FakeInformer
 
 D: DeviceID = ("gpu.example.com", "node-1", "dev-0")
 E: DeviceID = ("gpu.example.com", "node-1", "dev-1")
@@ -185,134 +186,42 @@ def test_marks() -> None:
 # --- the reconciler's fence writes ---------------------------------------------------------
 
 
-class FakeInformer:
-    """A cache with handlers: ``apply``/``remove`` play the watch events."""
+def claim_writes(api: FakeAPIServer, since: int = 0) -> list[tuple[str, str]]:
+    """The writes to ResourceClaims after the first ``since`` writes, as (what, key).
 
-    def __init__(self) -> None:
-        self.cache: dict[str, Obj] = {}
-        self.handlers: list[dict[str, Callable[..., None] | None]] = []
-
-    def add_handler(self, **handlers: Callable[..., None] | None) -> None:
-        self.handlers.append(handlers)
-
-    def get(self, key: str) -> Obj | None:
-        return self.cache.get(key)
-
-    def get_by_name(self, namespace: str, name: str) -> Obj | None:
-        return self.cache.get(f"{namespace}/{name}")
-
-    def items(self) -> list[Obj]:
-        return list(self.cache.values())
-
-    def apply(self, obj: Obj) -> None:
-        obj = copy.deepcopy(obj)
-        key = f"{obj['metadata']['namespace']}/{obj['metadata']['name']}"
-        old = self.cache.get(key)
-        self.cache[key] = obj
-        for h in self.handlers:
-            if old is None and h.get("on_add"):
-                cast(Callable[[Obj], None], h["on_add"])(obj)
-            elif old is not None and h.get("on_update"):
-                cast(Callable[[Obj, Obj], None], h["on_update"])(old, obj)
-
-    def remove(self, obj: Obj, rv: int) -> None:
-        key = f"{obj['metadata']['namespace']}/{obj['metadata']['name']}"
-        gone = copy.deepcopy(self.cache.pop(key))
-        gone["metadata"]["resourceVersion"] = str(rv)
-        for h in self.handlers:
-            if h.get("on_delete"):
-                cast(Callable[[Obj], None], h["on_delete"])(gone)
-
-
-class FakeAPI:
-    """resourceclaims (and events) with one global resourceVersion, like etcd's revision."""
-
-    def __init__(self) -> None:
-        self.objs: dict[str, Obj] = {}
-        self.rv = 0
-        self.writes: list[tuple[str, str, int]] = []  # (what, key, rv)
-
-    def _key(self, path: str) -> str:
-        parts = path.strip("/").split("/")
-        i = parts.index("namespaces")
-        return f"{parts[i + 1]}/{parts[i + 3]}"
-
-    def _bump(self, obj: Obj) -> int:
-        self.rv += 1
-        obj["metadata"]["resourceVersion"] = str(self.rv)
-        return self.rv
-
-    def put(self, obj: Obj) -> Obj:
-        obj = copy.deepcopy(obj)
-        self._bump(obj)
-        self.objs[f"{obj['metadata']['namespace']}/{obj['metadata']['name']}"] = obj
-        return copy.deepcopy(obj)
-
-    def drop(self, key: str) -> int:
-        del self.objs[key]
-        self.rv += 1
-        return self.rv
-
-    async def get_or_none(self, path: str) -> Obj | None:
-        obj = self.objs.get(self._key(path))
-        return copy.deepcopy(obj) if obj is not None else None
-
-    async def create(self, path: str, body: Obj) -> Obj:
-        if path.endswith("/events"):
-            return body
-        obj = copy.deepcopy(body)
-        key = f"{obj['metadata']['namespace']}/{obj['metadata']['name']}"
-        if key in self.objs:
-            raise KubeAPIError("POST", path, 409, {"reason": "AlreadyExists"})
-        self.writes.append(("create", key, self._bump(obj)))
-        self.objs[key] = obj
-        return copy.deepcopy(obj)
-
-    async def merge_patch(self, path: str, body: Obj) -> Obj:
-        key = self._key(path)
-        obj = self.objs.get(key)
-        if obj is None:
-            raise KubeAPIError("PATCH", path, 404, {})
-        want = (body.get("metadata") or {}).get("resourceVersion")
-        if want is not None and str(want) != obj["metadata"]["resourceVersion"]:
-            raise KubeAPIError("PATCH", path, 409, {})
-        if "status" in body:
-            allocation = body["status"].get("allocation")
-            status = obj.setdefault("status", {})
-            if allocation is None:
-                status.pop("allocation", None)
-            else:
-                status["allocation"] = copy.deepcopy(allocation)
-            what = "allocate" if allocation else "clear"
+    ``what`` is create, allocate or clear (``status.allocation`` written or cleared),
+    patch (metadata) or delete; writes of Events are left out.
+    """
+    out: list[tuple[str, str]] = []
+    for write in api.history[since:]:
+        _, sep, rest = write.path.partition("/resourceclaims")
+        if not sep:
+            continue
+        namespace = write.path.split("/namespaces/")[1].split("/")[0]
+        body = write.body if isinstance(write.body, dict) else {}
+        name = rest.strip("/").split("/")[0] or body["metadata"]["name"]
+        if write.method == "POST":
+            what = "create"
+        elif write.method == "DELETE":
+            what = "delete"
+        elif rest.endswith("/status"):
+            what = "allocate" if (body.get("status") or {}).get("allocation") else "clear"
         else:
-            for k, v in body["metadata"].items():
-                if k == "resourceVersion":
-                    continue
-                if isinstance(v, dict):  # JSON merge patch: maps merge, None deletes
-                    merged = {**(obj["metadata"].get(k) or {}), **v}
-                    obj["metadata"][k] = {n: x for n, x in merged.items() if x is not None}
-                else:
-                    obj["metadata"][k] = v
             what = "patch"
-        self.writes.append((what, key, self._bump(obj)))
-        return copy.deepcopy(obj)
+        out.append((what, f"{namespace}/{name}"))
+    return out
 
-    async def request(self, method: str, path: str, body: Obj | None = None) -> Obj:
-        assert method == "DELETE"
-        key = self._key(path)
-        obj = self.objs.get(key)
-        if obj is None:
-            raise KubeAPIError(method, path, 404, {})
-        want = ((body or {}).get("preconditions") or {}).get("resourceVersion")
-        if want is not None and str(want) != obj["metadata"]["resourceVersion"]:
-            raise KubeAPIError(method, path, 409, {})
-        self.writes.append(("delete", key, self.drop(key)))
-        return {}
+
+def path_of(key: str) -> str:
+    namespace, _, name = key.partition("/")
+    return path_for(RESOURCE_V1, "resourceclaims", namespace, name)
 
 
 class Rig:
-    def __init__(self) -> None:
-        self.api = FakeAPI()
+    """A ClaimReconciler over the fake apiserver, with the claims informer played by hand."""
+
+    def __init__(self, namespaces: tuple[str, ...] = (), removal_quiet: float = 2.0) -> None:
+        self.api = FakeAPIServer()
         self.claims = FakeInformer()
         other = FakeInformer()
         self.enqueued: list[str] = []
@@ -324,31 +233,37 @@ class Rig:
             cast(Any, FakeInformer()),
             cast(Any, FakeInformer()),
             cast(Any, other),
+            namespaces=namespaces,
             fence_namespace=FNS,
+            removal_quiet=removal_quiet,
         )
         self.rec.enqueue = self.enqueued.append
 
     def store(self, obj: Obj) -> Obj:
         """Written to the API server and seen by the informer."""
-        written = self.api.put(obj)
+        meta = obj["metadata"]
+        written = self.api.put(path_of(f"{meta['namespace']}/{meta['name']}"), obj)
         self.claims.apply(written)
         return written
 
+    def drop(self, key: str) -> None:
+        """Deleted from the API server (by someone else; the informer has not seen it)."""
+        asyncio.run(self.api.delete(path_of(key)))
+
     def sync(self, key: str) -> None:
         """The informer catches up with the API server for ``key``."""
-        obj = self.api.objs.get(key)
+        obj = self.api.stored(path_of(key))
         if obj is not None:
             self.claims.apply(obj)
         elif key in self.claims.cache:
-            self.claims.remove(self.claims.cache[key], self.api.rv)
+            self.claims.remove(self.claims.cache[key], self.api.resource_version)
 
     def fence(self) -> Obj | None:
-        return self.api.objs.get(fence.fence_key(FNS, D))
+        return self.api.stored(path_of(fence.fence_key(FNS, D)))
 
 
 def test_conflict_holds_our_claim_and_the_device_is_fenced_when_the_other_goes() -> None:
-    rig = Rig()
-    rig.rec.removal_quiet = 0  # no scheduler to wait for in this test
+    rig = Rig(removal_quiet=0)  # no scheduler to wait for in this test
     mine = claim("a", D, ours=True)
     mine["metadata"]["annotations"] = {ALLOCATION_ANNOTATION: "Immediate"}
     ours = rig.store(mine)
@@ -357,20 +272,23 @@ def test_conflict_holds_our_claim_and_the_device_is_fenced_when_the_other_goes()
 
     # Held, not cleared: clearing while ns/b holds D would make the scheduler forget D.
     with pytest.raises(RequeueAfter):
-        asyncio.run(rig.rec._check_conflicts("ns/a", ours, ours["status"]["allocation"]))
-    assert [(what, key) for what, key, _ in rig.api.writes] == [("patch", "ns/a")]
-    held = rig.api.objs["ns/a"]
+        asyncio.run(rig.rec.conflicts.check("ns/a", ours, ours["status"]["allocation"]))
+    assert claim_writes(rig.api) == [("patch", "ns/a")]
+    held = rig.api.stored(path_of("ns/a"))
+    assert held is not None
     assert "ns/b" in held["metadata"]["annotations"][CONFLICT_ANNOTATION]
     assert held["status"]["allocation"] == ours["status"]["allocation"]
     assert rig.rec.stats.held == 1 and rig.rec.stats.yielded == 0
     rig.sync("ns/a")
 
     # The scheduler's claim goes while ours still holds D: D is fenced for the scheduler.
-    rig.api.drop("ns/b")
+    rig.drop("ns/b")
     rig.sync("ns/b")
     fk = fence.fence_key(FNS, D)
     assert fk in rig.enqueued
+    before = len(rig.api.history)
     asyncio.run(rig.rec(fk))
+    assert claim_writes(rig.api, before) == [("create", fk), ("allocate", fk)]
     fence_obj = rig.fence()
     assert fence_obj is not None and fence.allocated(fence_obj)
     assert fence_obj["metadata"]["annotations"][fence.HOLDER_ANNOTATION] == "ns/a"
@@ -378,11 +296,10 @@ def test_conflict_holds_our_claim_and_the_device_is_fenced_when_the_other_goes()
 
     # Ours is now the only real holder: given back (marker first), then allocated again;
     # the fence goes with the last real holder.
-    before = len(rig.api.writes)
+    before = len(rig.api.history)
     with pytest.raises(RequeueAfter):
         asyncio.run(rig.rec("ns/a"))
-    writes = [(what, key) for what, key, _ in rig.api.writes[before:]]
-    assert writes == [("patch", "ns/a"), ("clear", "ns/a")]
+    assert claim_writes(rig.api, before) == [("patch", "ns/a"), ("clear", "ns/a")]
     assert fk in rig.enqueued and rig.rec.stats.yielded == 1
     rig.sync("ns/a")
     asyncio.run(rig.rec(fk))
@@ -390,18 +307,17 @@ def test_conflict_holds_our_claim_and_the_device_is_fenced_when_the_other_goes()
 
 
 def test_a_held_claim_waits_for_a_quiet_scheduler() -> None:
-    rig = Rig()
-    rig.rec.removal_quiet = 60.0
+    rig = Rig(removal_quiet=60.0)
     rig.store(claim("b", D))
-    rig.api.drop("ns/b")
+    rig.drop("ns/b")
     rig.sync("ns/b")  # a removal just now
     a = claim("a", D, ours=True)
     a["metadata"]["annotations"] = {CONFLICT_ANNOTATION: "x", ALLOCATION_ANNOTATION: "Immediate"}
     rig.store(a)
-    before = len(rig.api.writes)
+    before = len(rig.api.history)
     with pytest.raises(RequeueAfter, match="quiet"):
         asyncio.run(rig.rec("ns/a"))
-    assert len(rig.api.writes) == before
+    assert rig.api.history[before:] == []
 
 
 def test_fence_is_kept_while_another_claim_holds_the_device() -> None:
@@ -409,7 +325,7 @@ def test_fence_is_kept_while_another_claim_holds_the_device() -> None:
     rig.store(claim("b", D))
     rig.store(stored_fence(0))
     fk = fence.fence_key(FNS, D)
-    rig.api.drop("ns/b")
+    rig.drop("ns/b")
     rig.sync("ns/b")
     rig.store(claim("c", D))  # took D before the fence was reconciled
     asyncio.run(rig.rec(fk))
@@ -420,9 +336,9 @@ def test_our_claim_with_only_a_fence_on_its_device_keeps_it() -> None:
     rig = Rig()
     rig.store(stored_fence(0))
     rig.store(claim("a", D, ours=True))
-    before = len(rig.api.writes)
-    asyncio.run(rig.rec._check_conflicts("ns/a", rig.claims.cache["ns/a"], allocation(D)))
-    assert len(rig.api.writes) == before and rig.rec.stats.yielded == 0
+    before = len(rig.api.history)
+    asyncio.run(rig.rec.conflicts.check("ns/a", rig.claims.cache["ns/a"], allocation(D)))
+    assert rig.api.history[before:] == [] and rig.rec.stats.yielded == 0
 
 
 def test_a_removal_after_the_fence_pulses_it() -> None:
@@ -431,18 +347,19 @@ def test_a_removal_after_the_fence_pulses_it() -> None:
     fenced = rig.store(stored_fence(0))
     rig.store(claim("b", D))
     rig.store(claim("c", D))
-    rig.api.drop("ns/c")
+    rig.drop("ns/c")
     rig.sync("ns/c")  # removal at a resourceVersion after the fence's allocation
     fk = fence.fence_key(FNS, D)
     assert fk in rig.enqueued
+    before = len(rig.api.history)
     asyncio.run(rig.rec(fk))
-    assert [w[0] for w in rig.api.writes[-2:]] == ["clear", "allocate"]
+    assert claim_writes(rig.api, before) == [("clear", fk), ("allocate", fk)]
     now = rig.fence()
-    assert now is not None and fence.rv(now) > fence.rv(fenced)
+    assert now is not None and revision(now) > revision(fenced)
     rig.sync(fk)
-    before = len(rig.api.writes)
+    before = len(rig.api.history)
     asyncio.run(rig.rec(fk))  # level-based: done
-    assert len(rig.api.writes) == before
+    assert rig.api.history[before:] == []
 
 
 def test_a_deleted_fence_comes_back_while_the_device_is_held() -> None:
@@ -450,7 +367,7 @@ def test_a_deleted_fence_comes_back_while_the_device_is_held() -> None:
     rig.store(claim("b", D))
     rig.store(stored_fence(0))
     fk = fence.fence_key(FNS, D)
-    rig.api.drop(fk)  # e.g. our own delete racing with a new holder, or kubectl
+    rig.drop(fk)  # e.g. our own delete racing with a new holder, or kubectl
     rig.sync(fk)
     assert fk in rig.enqueued
     asyncio.run(rig.rec(fk))
@@ -479,23 +396,22 @@ def test_a_claim_named_like_a_fence_but_unlabelled_is_left_alone() -> None:
     impostor = claim("x")
     impostor["metadata"].update({"namespace": FNS, "name": fence.fence_name(D)})
     rig.store(impostor)
-    before = len(rig.api.writes)
+    before = len(rig.api.history)
     asyncio.run(rig.rec(fence.fence_key(FNS, D)))
-    assert len(rig.api.writes) == before
+    assert rig.api.history[before:] == []
 
 
 def test_out_of_scope_holders_are_left_to_their_controller() -> None:
     """With --allocation-namespace, only fences guarding claims there are managed."""
-    rig = Rig()
-    rig.rec.namespaces = frozenset({"elsewhere"})
+    rig = Rig(namespaces=("elsewhere",))
     ours = rig.store(claim("a", D, ours=True))
     rig.store(claim("b", D))
-    before = len(rig.api.writes)
+    before = len(rig.api.history)
     with pytest.raises(RequeueAfter):
-        asyncio.run(rig.rec._check_conflicts("ns/a", ours, ours["status"]["allocation"]))
-    assert [w[0] for w in rig.api.writes[before:]] == ["patch"]  # held; no fence for ns/b
+        asyncio.run(rig.rec.conflicts.check("ns/a", ours, ours["status"]["allocation"]))
+    assert claim_writes(rig.api, before) == [("patch", "ns/a")]  # held; no fence for ns/b
     rig.sync("ns/a")
-    rig.api.drop("ns/b")
+    rig.drop("ns/b")
     rig.sync("ns/b")
     assert fence.fence_key(FNS, D) not in rig.enqueued
     assert rig.fence() is None

@@ -1,16 +1,21 @@
-"""Informer against a scripted list/watch client: resume, bookmarks, 410 relist, backoff."""
+"""Informer against a scripted list/watch client: resume, bookmarks, 410 relist, backoff,
+and objects it cannot use (nested too deep, malformed), also through the real client."""
 
 from __future__ import annotations
 
 import asyncio
+import copy
+import json
+import logging
 from collections.abc import AsyncIterator, Callable, Coroutine
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
-from dradriver.k8s.client import KubeAPIError
+from dradriver.k8s.errors import KubeAPIError
 from dradriver.k8s.objects import Obj
 from dradriver.runtime import Backoff, Informer, RuntimeMetrics
+from tests.fakes.httpapiserver import ScriptedHTTPAPIServer
 
 DEADLINE = 5.0
 
@@ -338,6 +343,258 @@ def test_stop_wins_even_if_the_stream_turns_cancellation_into_an_error() -> None
         await eventually("watching", lambda: bool(client.watch_calls))
         await asyncio.wait_for(informer.stop(), DEADLINE)
         assert task.cancelled()
+        assert informer.errors == 0
+
+    run(scenario())
+
+
+# ----- one object that cannot be used costs that object, not the cache -------------------
+
+# The apiserver accepts JSON nested up to 10,000 levels, e.g. in a claim's status.devices[].data.
+APISERVER_MAX_DEPTH = 10_000
+
+
+def deep_cm_json(name: str, rv: int, depth: int) -> bytes:
+    """A ConfigMap-like object whose data nests ``depth`` levels, as JSON text."""
+    meta = json.dumps({"namespace": "ns", "name": name, "resourceVersion": str(rv)})
+    return f'{{"metadata":{meta},"data":{{"x":{"[" * depth}{"]" * depth}}}}}'.encode()
+
+
+def event_json(kind: str, obj: bytes) -> bytes:
+    return b'{"type":"' + kind.encode() + b'","object":' + obj + b"}"
+
+
+def list_json(items: list[bytes], rv: int) -> bytes:
+    meta = json.dumps({"resourceVersion": str(rv)}).encode()
+    return b'{"kind":"List","metadata":' + meta + b',"items":[' + b",".join(items) + b"]}"
+
+
+def skipped(metrics: RuntimeMetrics, reason: str) -> float | None:
+    return metrics.registry.get_sample_value(
+        "dradriver_informer_skipped_total", {"resource": "configmaps", "reason": reason}
+    )
+
+
+class InformerLog(logging.Handler):
+    """The informer's log records with their fields (propagation may be off)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fields: list[dict[str, Any]] = []
+        self._logger = logging.getLogger("dradriver.informer")
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.fields.append({"msg": record.getMessage(), **getattr(record, "fields", {})})
+
+    def __enter__(self) -> InformerLog:
+        self._logger.addHandler(self)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._logger.removeHandler(self)
+
+
+class CopyingRecorder:
+    """Deep-copies every object it is given, as reconcilers do, and records the events;
+    :attr:`done` is set once ``last`` arrives."""
+
+    def __init__(self, informer: Informer, last: tuple[str, str, str]) -> None:
+        self.events: list[tuple[str, str, str]] = []
+        self.uncopyable: list[str] = []
+        self.done = asyncio.Event()
+        self._last = last
+        informer.add_handler(
+            on_add=lambda o: self._record("add", o),
+            on_update=lambda old, new: self._record("update", new),
+            on_delete=lambda o: self._record("delete", o),
+        )
+
+    def _record(self, what: str, obj: Obj) -> None:
+        try:
+            copy.deepcopy(obj)
+        except RecursionError:
+            self.uncopyable.append(obj["metadata"]["name"])
+        self.events.append((what, obj["metadata"]["name"], obj["metadata"]["resourceVersion"]))
+        if self.events[-1] == self._last:
+            self.done.set()
+
+
+def test_an_object_nested_too_deep_is_left_out_of_the_list_and_the_watch() -> None:
+    """Over a socket, through the real client: a deep list item, a deep ADDED and a
+    MODIFIED deep enough that deep-copying it would fail are skipped by name; the list
+    syncs, later events arrive and the next watch starts after the skipped ones."""
+
+    async def scenario() -> None:
+        server = ScriptedHTTPAPIServer()
+        await server.start()
+        server.lists = [
+            list_json([json.dumps(cm("a", 5)).encode(), deep_cm_json("deep", 6, 10_000)], 10)
+        ]
+        server.watches = [
+            [
+                event_json("ADDED", deep_cm_json("deeper", 11, APISERVER_MAX_DEPTH)),
+                event_json("MODIFIED", deep_cm_json("a", 12, 600)),  # json.loads copes
+                event_json("ADDED", json.dumps(cm("b", 13)).encode()),
+            ]
+        ]
+        client = server.client()
+        metrics = RuntimeMetrics()
+        informer = informer_for(cast(FakeClient, client), metrics=metrics)
+        informer.add_handler()  # a handler with nothing set is fine too
+        rec = CopyingRecorder(informer, ("add", "b", "13"))
+        try:
+            with InformerLog() as logs:
+                informer.start()
+                await asyncio.wait_for(informer.wait_for_sync(), DEADLINE)
+                await asyncio.wait_for(rec.done.wait(), DEADLINE)
+                await eventually("the second watch", lambda: len(server.requests) == 3)
+        finally:
+            await informer.stop()
+            await client.aclose()
+            await server.stop()
+        # Skipped, not gone: "a" keeps its last good version, nothing was deleted.
+        assert rec.events == [("add", "a", "5"), ("add", "b", "13")]
+        assert rec.uncopyable == []
+        assert sorted(informer.keys()) == ["ns/a", "ns/b"]
+        assert informer.get("ns/a") == cm("a", 5)
+        assert server.requests[2][1]["resourceVersion"] == "13"
+        assert informer.errors == 0 and informer.lists == 1
+        assert informer.skipped == 3
+        assert skipped(metrics, "too_deep") == 3
+        named = [(f["namespace"], f["name"], f["event"]) for f in logs.fields if "reason" in f]
+        assert named == [("ns", "deep", "list"), ("ns", "deeper", "ADDED"), ("ns", "a", "MODIFIED")]
+        assert all(f["kind"] == "configmaps" for f in logs.fields if "reason" in f)
+        assert all("nested deeper than" in f["reason"] for f in logs.fields if "reason" in f)
+
+    run(scenario())
+
+
+def test_a_too_deep_modification_keeps_the_last_good_version_until_deleted() -> None:
+    async def scenario() -> None:
+        server = ScriptedHTTPAPIServer()
+        await server.start()
+        server.lists = [list_json([json.dumps(cm("a", 5)).encode()], 10)]
+        server.watches = [
+            [
+                event_json("MODIFIED", deep_cm_json("a", 11, APISERVER_MAX_DEPTH)),
+                event_json("DELETED", deep_cm_json("a", 12, APISERVER_MAX_DEPTH)),
+            ]
+        ]
+        client = server.client()
+        informer = informer_for(cast(FakeClient, client))
+        rec = CopyingRecorder(informer, ("delete", "a", "5"))
+        try:
+            informer.start()
+            await asyncio.wait_for(rec.done.wait(), DEADLINE)
+        finally:
+            await informer.stop()
+            await client.aclose()
+            await server.stop()
+        # The deletion is real, whatever the deleted object looked like: handlers get
+        # the version they knew.
+        assert rec.events == [("add", "a", "5"), ("delete", "a", "5")]
+        assert len(informer) == 0
+        assert informer.resource_version == "12"
+
+    run(scenario())
+
+
+def test_a_relist_keeps_the_last_good_version_of_an_object_that_turned_too_deep() -> None:
+    async def scenario() -> None:
+        server = ScriptedHTTPAPIServer()
+        await server.start()
+        server.lists = [
+            list_json([json.dumps(cm("a", 5)).encode()], 10),
+            list_json([deep_cm_json("a", 20, 5_000), json.dumps(cm("b", 21)).encode()], 30),
+        ]
+        server.watches = [[json.dumps(gone()).encode()]]
+        client = server.client()
+        informer = informer_for(cast(FakeClient, client))
+        rec = CopyingRecorder(informer, ("add", "b", "21"))
+        try:
+            informer.start()
+            await asyncio.wait_for(rec.done.wait(), DEADLINE)
+        finally:
+            await informer.stop()
+            await client.aclose()
+            await server.stop()
+        assert rec.events == [("add", "a", "5"), ("add", "b", "21")]
+        assert informer.get("ns/a") == cm("a", 5)
+        assert informer.lists == 2 and informer.skipped == 1
+
+    run(scenario())
+
+
+def test_malformed_events_are_skipped_and_the_watch_goes_on() -> None:
+    async def scenario() -> None:
+        client = FakeClient()
+        client.lists = [page([], 10)]
+        malformed: list[Any] = [
+            "not an object",
+            ev("ADDED", cast(Obj, ["not", "an", "object"])),
+            ev("ADDED", {"metadata": ["x"]}),
+            ev("ADDED", {"metadata": {"namespace": "ns"}}),
+            ev("MODIFIED", {"metadata": {"name": 7, "resourceVersion": "12"}}),
+            ev("ADDED", {"metadata": {"name": "n", "namespace": ["ns"]}}),
+            ev("ADDED", {"metadata": {"name": "r", "resourceVersion": 13}}),
+        ]
+        client.streams = [
+            Stream(
+                [
+                    *malformed,
+                    {"type": ["ADDED"], "object": cm("t", 14)},  # an event type that is not one
+                    ev("ERROR", cast(Obj, "gone?")),
+                ],
+            ),
+            Stream([ev("ADDED", cm("b", 15))], hang=True),
+        ]
+        metrics = RuntimeMetrics()
+        informer = informer_for(client, metrics=metrics)
+        rec = CopyingRecorder(informer, ("add", "b", "15"))
+        informer.start()
+        await asyncio.wait_for(rec.done.wait(), DEADLINE)
+        await informer.stop()
+        assert rec.events == [("add", "b", "15")]
+        assert informer.keys() == ["ns/b"]
+        assert informer.skipped == len(malformed)
+        assert skipped(metrics, "malformed") == len(malformed)
+        # The ERROR event without a Status ended that watch; the next resumed after "12".
+        assert informer.errors == 1
+        assert [rv for rv, _ in client.watch_calls] == ["10", "12"]
+        # An event type that is not one is counted as "other": the label set stays bounded.
+        other = metrics.registry.get_sample_value(
+            "dradriver_informer_events_total", {"resource": "configmaps", "type": "other"}
+        )
+        assert other == 1
+
+    run(scenario())
+
+
+def test_an_event_is_one_newline_terminated_line_whatever_unicode_breaks_it_holds() -> None:
+    """The apiserver sends U+0085 (and, from other encoders, U+2028) unescaped inside
+    strings; an event must not be cut there, or it is never decodable and the watch
+    retries it forever."""
+
+    async def scenario() -> None:
+        server = ScriptedHTTPAPIServer()
+        await server.start()
+        server.lists = [list_json([], 10)]
+        odd = cm("odd", 11)
+        odd["metadata"]["annotations"] = {"note": "a\x85b\u2028c\u2029d\x0be\x1cf\rg"}
+        odd_line = json.dumps(ev("ADDED", odd), ensure_ascii=False).encode()
+        server.watches = [[odd_line, json.dumps(ev("ADDED", cm("b", 12))).encode()]]
+        client = server.client()
+        informer = informer_for(cast(FakeClient, client))
+        rec = CopyingRecorder(informer, ("add", "b", "12"))
+        try:
+            informer.start()
+            await asyncio.wait_for(rec.done.wait(), DEADLINE)
+        finally:
+            await informer.stop()
+            await client.aclose()
+            await server.stop()
+        assert rec.events == [("add", "odd", "11"), ("add", "b", "12")]
+        assert informer.get("ns/odd") == odd
         assert informer.errors == 0
 
     run(scenario())

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from dradriver.k8s.client import KubeAPIError
+from dradriver.k8s.errors import KubeAPIError
 from dradriver.k8s.objects import Obj
 from dradriver.runtime import LeaderElectionConfig, LeaderElector, RuntimeMetrics
 

@@ -8,12 +8,12 @@ import pytest
 
 from dradriver.devices.attributes import IntAttribute, StringAttribute, VersionAttribute
 from dradriver.devices.config import (
-    ConfigError,
     DriverConfig,
-    format_location,
+    DriverConfigError,
     load_config,
     parse_config,
 )
+from dradriver.errors import format_location
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "manifests" / "examples" / "driver-config.yaml"
 
@@ -60,9 +60,9 @@ def _write(tmp_path: Path, text: str, name: str = "driver.yaml") -> Path:
     return path
 
 
-def _error(tmp_path: Path, text: str) -> ConfigError:
+def _error(tmp_path: Path, text: str) -> DriverConfigError:
     path = _write(tmp_path, text)
-    with pytest.raises(ConfigError) as exc:
+    with pytest.raises(DriverConfigError) as exc:
         load_config(path)
     assert str(path) in str(exc.value)
     assert exc.value.file == str(path)
@@ -197,7 +197,7 @@ def test_yaml_problems(tmp_path: Path) -> None:
 
 
 def test_missing_file(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="cannot read the configuration file") as exc:
+    with pytest.raises(DriverConfigError, match="cannot read the configuration file") as exc:
         load_config(tmp_path / "absent.yaml")
     assert str(tmp_path / "absent.yaml") in str(exc.value)
 
@@ -269,7 +269,7 @@ def test_specific_errors(tmp_path: Path, text: str, message: str) -> None:
 
 
 def test_parse_config_names_its_origin() -> None:
-    with pytest.raises(ConfigError, match=r"^configmap/dradriver: driverName"):
+    with pytest.raises(DriverConfigError, match=r"^configmap/dradriver: driverName"):
         parse_config("driverName: X", "configmap/dradriver")
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import stat
@@ -28,7 +29,7 @@ from dradriver.devices.sources import (
     build_sources,
     discover_all,
 )
-from dradriver.devices.static import StaticSource
+from dradriver.devices.static import StaticSource, create_mock_device, is_mock_device
 
 DRIVER = "dradriver.dev"
 
@@ -37,12 +38,17 @@ def _by_name(devices: list[Device]) -> dict[str, Device]:
     return {d.name: d for d in devices}
 
 
+def make_device_node(path: Path) -> None:
+    """A character device like those devglob finds in /dev (with /dev/null's numbers)."""
+    os.mknod(path, stat.S_IFCHR | 0o600, os.makedev(1, 3))
+
+
 # --------------------------------------------------------------------------------------------
 # static
 # --------------------------------------------------------------------------------------------
 
 
-def test_static_mock_dir_creates_files_and_health_follows_them(tmp_path: Path) -> None:
+def test_static_mock_dir_creates_device_nodes_and_health_follows_them(tmp_path: Path) -> None:
     mock_dir = tmp_path / "state" / "mock"
     config = StaticSourceConfig.model_validate(
         {"mockDir": str(mock_dir), "devices": [{"count": 3, "attributes": {"model": "m"}}]}
@@ -55,7 +61,7 @@ def test_static_mock_dir_creates_files_and_health_follows_them(tmp_path: Path) -
     assert all(d.healthy for d in devices)
     for device in devices:
         path = mock_dir / device.name
-        assert stat.S_IMODE(path.stat().st_mode) == 0o600
+        assert is_mock_device(path.lstat())  # a char device 1:3, what a runtime accepts
         assert device.health_files == (str(path),)
         assert device.edits.to_cdi() == {
             "env": [
@@ -72,17 +78,15 @@ def test_static_mock_dir_creates_files_and_health_follows_them(tmp_path: Path) -
     assert after["dev-0"].healthy and after["dev-2"].healthy
     assert after["dev-1"].to_api(DRIVER)["taints"][0]["key"] == "dradriver.dev/unhealthy"
 
-    (mock_dir / "dev-1").write_text("back\n")
+    assert create_mock_device(str(mock_dir / "dev-1")) == "created"
     assert all(d.healthy for d in source.discover())
 
 
-def test_static_mock_files_that_exist_are_kept(tmp_path: Path) -> None:
-    (tmp_path / "gpu").write_text("keep me")
+def test_static_mock_device_edits_merge_with_configured_edits(tmp_path: Path) -> None:
     config = StaticSourceConfig.model_validate(
         {"mockDir": str(tmp_path), "devices": [{"name": "gpu", "edits": {"env": {"X": "1"}}}]}
     )
     (device,) = StaticSource("s", config).discover()
-    assert (tmp_path / "gpu").read_text() == "keep me"
     assert device.edits.env == {"DRADRIVER_DEVICE_GPU": "/dev/dradriver/gpu", "X": "1"}
 
 
@@ -114,7 +118,7 @@ def short_dir() -> Iterator[Path]:
 def test_devglob_one_device_per_matching_path(short_dir: Path) -> None:
     tmp_path = short_dir
     for name in ("fake0", "fake1", "Fake_GPU.2", "other"):
-        (tmp_path / name).touch()
+        make_device_node(tmp_path / name)
     config = DevGlobSourceConfig.model_validate(
         {"glob": str(tmp_path / "*ake*"), "attributes": {"kind": "fake"}}
     )
@@ -132,18 +136,18 @@ def test_devglob_one_device_per_matching_path(short_dir: Path) -> None:
     assert fake0.healthy
 
     (tmp_path / "fake0").unlink()
-    (tmp_path / "fake3").touch()
+    make_device_node(tmp_path / "fake3")
     devices = _by_name(source.discover())
     assert sorted(devices) == ["fake-gpu-2", "fake0", "fake1", "fake3"]
     assert not devices["fake0"].healthy  # gone, but still known: unhealthy, not forgotten
     assert devices["fake3"].healthy
-    (tmp_path / "fake0").touch()
+    make_device_node(tmp_path / "fake0")
     assert _by_name(source.discover())["fake0"].healthy
 
 
 def test_devglob_path_too_long_for_an_attribute_is_left_out(tmp_path: Path) -> None:
     path = tmp_path / ("x" * 70)
-    path.touch()
+    make_device_node(path)
     (device,) = DevGlobSource("s", DevGlobSourceConfig(glob=str(path))).discover()
     assert "path" not in device.attributes
     assert device.edits.device_nodes[0].path == str(path)
@@ -153,14 +157,67 @@ def test_devglob_names_are_dns_labels_and_unique(tmp_path: Path) -> None:
     assert device_name_for_path("/dev/Fake_GPU.0") == "fake-gpu-0"
     assert device_name_for_path("/dev/___").startswith("dev-")
     assert len(device_name_for_path("/dev/" + "x" * 100)) == 63
-    (tmp_path / "a_b").touch()
-    (tmp_path / "a-b").touch()
+    make_device_node(tmp_path / "a_b")
+    make_device_node(tmp_path / "a-b")
     source = DevGlobSource("s", DevGlobSourceConfig(glob=str(tmp_path / "a*")))
     names = [d.name for d in source.discover()]
     assert len(set(names)) == 2
     assert "a-b" in names
     for name in names:
         validate_dns_label(name)
+
+
+@pytest.fixture
+def devglob_logs(caplog: pytest.LogCaptureFixture) -> Iterator[pytest.LogCaptureFixture]:
+    """Capture the source's records even if log.configure() turned propagation off."""
+    logger = logging.getLogger("dradriver.devices.devglob")
+    logger.addHandler(caplog.handler)
+    try:
+        yield caplog
+    finally:
+        logger.removeHandler(caplog.handler)
+
+
+def _warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
+    """Distinct WARNING records as "message path=..." (a record may reach the handler twice)."""
+    records = {id(r): r for r in caplog.records if r.levelno == logging.WARNING}
+    return [f"{r.getMessage()} path={r.__dict__['fields']['path']}" for r in records.values()]
+
+
+def test_devglob_skips_matches_that_are_not_device_nodes(
+    short_dir: Path, devglob_logs: pytest.LogCaptureFixture
+) -> None:
+    make_device_node(short_dir / "fake0")
+    (short_dir / "fake1").write_text("a plain file: a runtime refuses it as a device node\n")
+    (short_dir / "fake2").mkdir()
+    (short_dir / "fake3").symlink_to(short_dir / "fake3")  # a loop
+    source = DevGlobSource("s", DevGlobSourceConfig(glob=str(short_dir / "fake*")))
+    assert [d.name for d in source.discover()] == ["fake0"]
+    assert sorted(_warnings(devglob_logs)) == [
+        f"glob match cannot be resolved: Too many levels of symbolic links; skipped "
+        f"(containers get device nodes only) path={short_dir / 'fake3'}",
+        f"glob match is not a character or block device; skipped (containers get device "
+        f"nodes only) path={short_dir / 'fake1'}",
+        f"glob match is not a character or block device; skipped (containers get device "
+        f"nodes only) path={short_dir / 'fake2'}",
+    ]
+    source.discover()
+    assert len(_warnings(devglob_logs)) == 3  # said once, not at every health check
+
+    (short_dir / "fake1").unlink()
+    make_device_node(short_dir / "fake1")  # became a device node: found now
+    assert [d.name for d in source.discover()] == ["fake0", "fake1"]
+
+
+def test_devglob_symlink_to_a_device_node_hands_the_runtime_the_node(short_dir: Path) -> None:
+    make_device_node(short_dir / "node0")
+    (short_dir / "link0").symlink_to("node0")  # like /dev/disk/by-id/... -> ../../sda
+    (device,) = DevGlobSource("s", DevGlobSourceConfig(glob=str(short_dir / "link*"))).discover()
+    # The runtime's CDI library lstat()s the host path: it must be the node, not the link.
+    assert device.edits.to_cdi() == {
+        "deviceNodes": [{"path": str(short_dir / "link0"), "hostPath": str(short_dir / "node0")}]
+    }
+    assert device.attributes["path"] == StringAttribute(value=str(short_dir / "link0"))
 
 
 # --------------------------------------------------------------------------------------------
@@ -290,7 +347,7 @@ def test_pci_on_this_machines_sysfs() -> None:
 
 
 def test_build_sources_and_discover_all(tmp_path: Path, fake_sysfs: Path) -> None:
-    (tmp_path / "fake0").touch()
+    make_device_node(tmp_path / "fake0")
     config = parse_config(
         f"""
 sources:
@@ -316,7 +373,7 @@ sources:
 
 
 def test_duplicate_names_across_sources_name_both_sources(tmp_path: Path) -> None:
-    (tmp_path / "dev-1").touch()
+    make_device_node(tmp_path / "dev-1")
     config = parse_config(
         f"""
 sources:

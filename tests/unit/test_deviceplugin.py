@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from dradriver.deviceplugin.server import socket_name
-from dradriver.devices.config import ConfigError, parse_config
+from dradriver.devices.config import DriverConfigError, parse_config
 from dradriver.devices.model import Device
 from dradriver.devices.topology import (
     Topology,
@@ -69,7 +69,7 @@ devicePlugin:
     ],
 )
 def test_device_plugin_section_errors_name_the_field(text: str, message: str) -> None:
-    with pytest.raises(ConfigError) as err:
+    with pytest.raises(DriverConfigError) as err:
         parse_config(text, "cfg.yaml")
     assert message in str(err.value)
     assert str(err.value).startswith("cfg.yaml: devicePlugin")

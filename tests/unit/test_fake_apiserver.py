@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from dradriver.k8s.client import KubeAPIError
+from dradriver.k8s.errors import KubeAPIError, is_conflict
 from tests.fakes.apiserver import FakeAPIServer
 
 SLICES = "/apis/resource.k8s.io/v1/resourceslices"
@@ -33,5 +33,30 @@ def test_create_get_list_conflict_and_faults() -> None:
             await api.get(f"{SLICES}/a")
         assert e.value.status == 503
         assert (await api.get(f"{SLICES}/a"))["spec"] == {"x": 2}
+
+    asyncio.run(scenario())
+
+
+def test_deletes_take_a_resource_version_and_honour_preconditions() -> None:
+    api = FakeAPIServer()
+    path = f"{SLICES}/a"
+
+    async def scenario() -> None:
+        created = await api.create(SLICES, {"metadata": {"name": "a"}})
+        assert api.resource_version == int(created["metadata"]["resourceVersion"])
+        stale = {"preconditions": {"resourceVersion": "0"}}
+        with pytest.raises(KubeAPIError) as e:
+            await api.request("DELETE", path, stale)
+        assert is_conflict(e.value) and api.stored(path) is not None
+        current = {"preconditions": {"resourceVersion": created["metadata"]["resourceVersion"]}}
+        await api.request("DELETE", path, current)
+        assert api.stored(path) is None
+        # The deletion is a revision of its own, after the object's last write.
+        assert api.resource_version > int(created["metadata"]["resourceVersion"])
+        assert [(w.method, w.body) for w in api.history] == [
+            ("POST", {"metadata": {"name": "a"}}),
+            ("DELETE", stale),
+            ("DELETE", current),
+        ]
 
     asyncio.run(scenario())

@@ -18,7 +18,8 @@ from typing import Any
 
 import pytest
 
-from dradriver.k8s.client import Connection, KubeAPIError, KubeClient, SyncKubeClient
+from dradriver.k8s.client import Connection, KubeClient, SyncKubeClient
+from dradriver.k8s.errors import KubeAPIError
 from dradriver.k8s.objects import Obj
 
 
@@ -30,6 +31,7 @@ class Received:
     accept: str | None
     authorization: str | None
     body: Any
+    raw: bytes
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -46,6 +48,7 @@ class _Handler(BaseHTTPRequestHandler):
                 self.headers.get("Accept"),
                 self.headers.get("Authorization"),
                 json.loads(raw) if raw else None,
+                raw,
             )
         )
         if self.path.startswith("/missing"):
@@ -158,6 +161,9 @@ def test_requests_and_answers_on_the_wire(server: _Server) -> None:
     assert sent[0].content_type is None and sent[0].body is None
     assert results[0] == ("ok", {"kind": "Echo", "method": "GET"})
     assert (sent[2].content_type, sent[2].body) == ("application/json", {"a": 1})
+    # Compact JSON: the apiserver keeps opaque config bytes as sent, and a spaced copy
+    # makes every later merge patch of the claim an "immutable spec" change.
+    assert sent[2].raw == b'{"a":1}'
     assert sent[4].content_type == "application/merge-patch+json"
     assert (sent[5].method, sent[5].content_type, sent[5].body) == (
         "PATCH",

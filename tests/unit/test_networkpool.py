@@ -17,9 +17,11 @@ from controller.networkpools.attach import (
     backend_for,
     parse_attach_output,
 )
-from controller.networkpools.reconciler import pools_of_claim, same_slice
+from controller.networkpools.reconciler import network_pool, pools_of_claim
 from devtools import crds
 from dradriver.api import networkpool as net
+from dradriver.k8s.objects import Obj
+from dradriver.resourceslice.builder import build_slices, slices_equal
 
 DRIVER = "dradriver.dev"
 
@@ -31,6 +33,14 @@ def spec(**overrides: Any) -> dict[str, Any]:
     }
     base.update(overrides)
     return base
+
+
+def build(
+    pool: net.NetworkDevicePoolSpec, generation: int, uid: str, cooling: set[str] | None = None
+) -> list[Obj]:
+    return build_slices(
+        network_pool(DRIVER, "fab", pool, uid, generation, cooling or set()), generation
+    )
 
 
 def test_committed_crd_matches_the_models() -> None:
@@ -76,7 +86,7 @@ def test_invalid_specs_name_the_field(bad: dict[str, Any], where: str) -> None:
 
 
 def test_slices_for_all_nodes_bind_to_the_chosen_node() -> None:
-    [slice_] = net.build_slices(DRIVER, "fab", net.parse_spec(spec()), 3, "uid-1")
+    [slice_] = build(net.parse_spec(spec()), 3, "uid-1")
     body = slice_["spec"]
     assert body["allNodes"] is True and "nodeName" not in body
     assert body["pool"] == {"name": "network/fab", "generation": 3, "resourceSliceCount": 1}
@@ -99,7 +109,7 @@ def test_per_device_reach_switches_to_per_device_node_selection() -> None:
             devices=[{"name": "a", "nodeSelector": selector}, {"name": "b"}],
         )
     )
-    [slice_] = net.build_slices(DRIVER, "fab", pool, 1, "u")
+    [slice_] = build(pool, 1, "u")
     assert slice_["spec"]["perDeviceNodeSelection"] is True
     a, b = slice_["spec"]["devices"]
     assert a["nodeSelector"] == selector
@@ -108,7 +118,7 @@ def test_per_device_reach_switches_to_per_device_node_selection() -> None:
 
 def test_large_pools_are_split_into_slices() -> None:
     pool = net.parse_spec(spec(devices=[{"name": f"d{i}"} for i in range(300)]))
-    slices = net.build_slices(DRIVER, "fab", pool, 1, "u")
+    slices = build(pool, 1, "u")
     # 64 per slice (the limit once a device is tainted), so taints never move devices.
     assert [len(s["spec"]["devices"]) for s in slices] == [64, 64, 64, 64, 44]
     assert {s["spec"]["pool"]["resourceSliceCount"] for s in slices} == {5}
@@ -117,7 +127,7 @@ def test_large_pools_are_split_into_slices() -> None:
 
 def test_a_device_in_attach_failure_cooldown_is_tainted() -> None:
     pool = net.parse_spec(spec(devices=[{"name": "a"}, {"name": "b"}]))
-    [slice_] = net.build_slices(DRIVER, "fab", pool, 1, "u", cooling={"b"})
+    [slice_] = build(pool, 1, "u", cooling={"b"})
     a, b = slice_["spec"]["devices"]
     assert "taints" not in a
     assert b["taints"] == [
@@ -128,10 +138,10 @@ def test_a_device_in_attach_failure_cooldown_is_tainted() -> None:
 
 def test_slice_comparison_sees_reach_changes() -> None:
     pool = net.parse_spec(spec())
-    [a] = net.build_slices(DRIVER, "fab", pool, 1, "u")
-    assert same_slice(a["spec"], a["spec"])
+    [a] = build(pool, 1, "u")
+    assert slices_equal(a["spec"], a["spec"])
     changed = {**a["spec"], "allNodes": None, "nodeSelector": {"nodeSelectorTerms": []}}
-    assert not same_slice(a["spec"], changed)
+    assert not slices_equal(a["spec"], changed)
 
 
 def claim(conditions: list[dict[str, str]], node: str = "n1") -> dict[str, Any]:

@@ -29,7 +29,7 @@ from dradriver.host.ledger import ClaimDevice, ClaimEntry, Ledger
 from dradriver.k8s.client import KubeClient
 from dradriver.k8s.objects import Obj
 from dradriver.plugin.interface import ClaimRef, PrepareResult
-from kubeletplugin.inventory import Inventory
+from kubeletplugin.inventory import NodeInventory
 from kubeletplugin.legacy.shim import DevicePluginShim
 from kubeletplugin.nodedriver import NodeDriver, PrepareError
 from tests.fakes.apiserver import FakeAPIServer
@@ -48,8 +48,14 @@ from tests.fakes.claims import (
     with_pins,
 )
 
+# Host path /dev/null: prepare refuses device nodes that are not real device nodes.
 DEVICES = [
-    Device(name=f"dev-{i}", edits=ContainerEdits(device_nodes=(DeviceNode(path=f"/dev/mock{i}"),)))
+    Device(
+        name=f"dev-{i}",
+        edits=ContainerEdits(
+            device_nodes=(DeviceNode(path=f"/dev/mock{i}", host_path="/dev/null"),)
+        ),
+    )
     for i in range(3)
 ]
 RESOURCE = "dradriver.dev/mock"
@@ -76,7 +82,7 @@ class Node:
         self.plugin_dir = tmp / "device-plugins"
         self.records = tmp / "hooks"
         self.records.mkdir()
-        self.inventory = Inventory(NODE, lambda: list(DEVICES))
+        self.inventory = NodeInventory(NODE, lambda: list(DEVICES))
         self.start()
 
     def start(self) -> None:

@@ -1,4 +1,4 @@
-"""ResourceSlices for a node: splitting to the API limits, determinism, comparison."""
+"""ResourceSlices for a node pool: splitting to the API limits, determinism, comparison."""
 
 from __future__ import annotations
 
@@ -12,20 +12,32 @@ from hypothesis import strategies as st
 
 from dradriver.devices.model import CounterConsumption, CounterSet, Device, DeviceTaint
 from dradriver.devices.names import validate_dns_subdomain
-from dradriver.resourceslice.builder import (
+from dradriver.k8s.limits import (
     MAX_COUNTER_SETS_PER_SLICE,
     MAX_DEVICES_PER_SLICE,
     MAX_DEVICES_PER_SLICE_WITH_TAINTS_OR_COUNTERS,
-    SliceError,
-    build_node_slices,
-    device_limit,
-    slice_name,
-    slices_equal,
 )
+from dradriver.k8s.objects import Obj
+from dradriver.resourceslice.builder import build_slices, device_limit, slice_name, slices_equal
+from dradriver.resourceslice.pool import SliceError, node_pool, node_slice_prefix
 
 DRIVER = "dradriver.dev"
 NODE = "node-1"
 TAINT = DeviceTaint(key="example.com/maintenance", effect="NoSchedule")
+
+
+def build_node_slices(
+    driver: str,
+    node: str,
+    devices: list[Device],
+    counter_sets: list[CounterSet],
+    generation: int,
+) -> list[Obj]:
+    return build_slices(node_pool(driver, node, devices, counter_sets), generation)
+
+
+def node_slice_name(node: str, driver: str, index: int) -> str:
+    return slice_name(node_slice_prefix(node, driver), index)
 
 
 def _devices(count: int, **fields: Any) -> list[Device]:
@@ -43,7 +55,7 @@ def _check_pool(slices: list[dict[str, Any]], generation: int = 1) -> None:
     for index, s in enumerate(slices):
         assert s["apiVersion"] == "resource.k8s.io/v1"
         assert s["kind"] == "ResourceSlice"
-        assert s["metadata"]["name"] == slice_name(NODE, DRIVER, index)
+        assert s["metadata"]["name"] == node_slice_name(NODE, DRIVER, index)
         spec = s["spec"]
         assert spec["driver"] == DRIVER
         assert spec["nodeName"] == NODE
@@ -160,18 +172,18 @@ def test_output_is_deterministic() -> None:
 
 
 def test_slice_names() -> None:
-    assert slice_name("node-1", "dradriver.dev", 0) == "node-1-dradriver-dev-00000"
-    assert slice_name("node-1", "dradriver.dev", 12) == "node-1-dradriver-dev-00012"
-    names = [slice_name(NODE, DRIVER, i) for i in range(12)]
+    assert node_slice_name("node-1", "dradriver.dev", 0) == "node-1-dradriver-dev-00000"
+    assert node_slice_name("node-1", "dradriver.dev", 12) == "node-1-dradriver-dev-00012"
+    names = [node_slice_name(NODE, DRIVER, i) for i in range(12)]
     assert names == sorted(names)  # name order is slice order
     long_node = ".".join(["a" * 63] * 3) + "." + "b" * 61  # 253 characters
     validate_dns_subdomain(long_node)
-    long_names = {slice_name(long_node, DRIVER, i) for i in range(3)}
+    long_names = {node_slice_name(long_node, DRIVER, i) for i in range(3)}
     assert len(long_names) == 3
     for name in long_names:
         assert len(name) <= 253
         validate_dns_subdomain(name)
-    other = slice_name(long_node[:-1] + "c", DRIVER, 0)
+    other = node_slice_name(long_node[:-1] + "c", DRIVER, 0)
     assert other not in long_names
 
 

@@ -71,6 +71,7 @@ METRIC_NAMES = {
     "dradriver_deviceplugin_rpc_seconds",
     "dradriver_informer_events_total",
     "dradriver_informer_relists_total",
+    "dradriver_informer_skipped_total",
     "dradriver_informer_synced",
     "dradriver_informer_watches_total",
     "dradriver_kubelet_registrations_total",

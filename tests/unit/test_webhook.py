@@ -355,7 +355,7 @@ def test_other_drivers_config_is_not_ours(client: TestClient) -> None:
         ),
         (
             {**DEVICE_CONFIG, "env": {"9X": "1"}},
-            "spec.devices.config[0].opaque.parameters: field env: Value error, '9X' is not a "
+            "spec.devices.config[0].opaque.parameters: field env: '9X' is not a "
             "valid environment variable name",
         ),
         (

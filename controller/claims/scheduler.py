@@ -1,0 +1,128 @@
+"""What kube-scheduler may be doing right now, judged from the outside.
+
+kube-scheduler 1.36 keeps allocated devices in a plain set fed by its claim informer
+(added when a claim's allocation appears, removed when it is cleared or the claim
+deleted) and may hold a device in memory for a pod it is scheduling before it writes
+anything. So the controller times its own writes by two signals:
+
+* pods with claims that wait for a first scheduling verdict: the scheduler may be
+  allocating for them right now, so no allocation is written meanwhile (bounded);
+* the time since a claim last let go of devices: a removal re-queues the scheduler's
+  unschedulable pods, so clearing an allocation waits until that has settled.
+"""
+
+from __future__ import annotations
+
+import time
+
+from dradriver.allocator import claim_key
+from dradriver.k8s.objects import Obj, meta
+from dradriver.log import get_logger
+from dradriver.runtime import Informer, RequeueAfter
+
+log = get_logger("controller")
+
+
+class SchedulerActivity:
+    """Tells whether the scheduler is busy or quiet, from unscheduled pods and removals.
+
+    ``pending_pods`` is an informer of pods without a node (None: no pods are watched,
+    the scheduler never counts as busy). Times are monotonic.
+    """
+
+    def __init__(
+        self,
+        pending_pods: Informer | None,
+        quiet_period: float = 0.3,
+        max_defer: float = 10.0,
+        removal_quiet: float = 2.0,
+    ) -> None:
+        self.pending_pods = pending_pods
+        self.quiet_period = quiet_period
+        self.max_defer = max_defer
+        self.removal_quiet = removal_quiet
+        self.deferred: dict[str, float] = {}  # key -> when we first waited for the scheduler
+        self.last_pod_activity = -float("inf")  # when a pod with claims last changed
+        self.last_removal = -float("inf")  # when a claim last let go of devices
+        if pending_pods is not None:
+            pending_pods.add_handler(
+                on_add=self._pod_changed,
+                on_update=lambda old, new: self._pod_changed(new),
+                on_delete=self._pod_changed,
+            )
+
+    def _pod_changed(self, pod: Obj) -> None:
+        if (pod.get("spec") or {}).get("resourceClaims"):
+            self.last_pod_activity = time.monotonic()
+
+    def removal_seen(self) -> None:
+        """A claim let go of devices just now (cleared, or deleted while allocated)."""
+        self.last_removal = time.monotonic()
+
+    def busy(self) -> list[str]:
+        """Pods the scheduler may be allocating for right now (in memory, not yet written).
+
+        Its allocated-device set is a plain set fed by its claim informer: if we wrote a
+        device it reserved in memory, the two claims would hold it, and clearing either
+        one later makes the scheduler forget the device although the other still holds
+        it. So no allocation is written while a pod with claims waits for its first
+        scheduling verdict, nor within ``quiet_period`` seconds of such a pod changing
+        (the scheduler may see it before we do); bounded by ``max_defer``.
+        """
+        if self.pending_pods is None:
+            return []
+        busy = []
+        if time.monotonic() - self.last_pod_activity < self.quiet_period:
+            busy.append("(pods with claims changed just now)")
+        for pod in self.pending_pods.items():
+            spec = pod.get("spec") or {}
+            if spec.get("nodeName") or meta(pod).get("deletionTimestamp"):
+                continue
+            if not spec.get("resourceClaims"):
+                continue
+            conditions = (pod.get("status") or {}).get("conditions") or []
+            if any(
+                c.get("type") == "PodScheduled" and c.get("status") == "False" for c in conditions
+            ):
+                continue  # judged unschedulable: retried on claim events, which we are
+            busy.append(claim_key(pod))
+        return busy
+
+    def quiet(self) -> tuple[bool, str]:
+        """Whether clearing an allocation now is unlikely to race with a scheduling cycle.
+
+        A removal the scheduler sees after another claim took the same device makes it
+        forget that the device is taken. Removals re-queue its unschedulable pods, so: no
+        pod waiting for a first verdict, and ``removal_quiet`` seconds since the last
+        removal. Returns why not, when not.
+        """
+        busy = self.busy()
+        if busy:
+            return False, f"pods being scheduled: {busy[:3]}"
+        since = time.monotonic() - self.last_removal
+        if since < self.removal_quiet:
+            return False, f"a device was freed {since:.1f}s ago"
+        return True, ""
+
+    def wait_before_allocating(self, key: str) -> None:
+        """Raise :class:`RequeueAfter` while the scheduler is busy, for ``max_defer`` at most.
+
+        Claim ``key`` is then allocated although the scheduler is still busy, so that a
+        steady stream of pods cannot starve it.
+        """
+        busy = self.busy()
+        if busy:
+            now = time.monotonic()
+            since = self.deferred.setdefault(key, now)
+            if now - since < self.max_defer:
+                raise RequeueAfter(0.5, f"scheduler busy with {len(busy)} pod(s): {busy[:3]}")
+            log.info("allocating although the scheduler is busy", claim=key, pods=busy[:5])
+        self.deferred.pop(key, None)
+
+    def deferred_keys(self) -> list[str]:
+        """The claims waiting for the scheduler to settle."""
+        return list(self.deferred)
+
+    def forget(self, key: str) -> None:
+        """Claim ``key`` is gone."""
+        self.deferred.pop(key, None)
