@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: all install protos kube-binaries lint typecheck test test-unit test-grpc test-cluster demo clean
+.PHONY: all install protos kube-binaries runtime-binaries lint typecheck test test-unit test-grpc test-cluster demo clean
 
 all: install
 
@@ -22,6 +22,11 @@ protos: $(STAMP)
 kube-binaries: install
 	$(BIN)/dradriver cluster build
 
+# containerd, runc, CNI plugins and the probe (node-1's real runtime), cached
+# like the kube binaries in ~/.cache/dradriver/runtime/.
+runtime-binaries: install
+	$(BIN)/python -m devtools.cluster.runtimebin
+
 lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
@@ -30,8 +35,10 @@ lint: install
 typecheck: install
 	$(BIN)/mypy
 
-# The README's test command: lint, import contracts, types, and every test tier.
-test: lint typecheck kube-binaries
+# The README's test command: lint, import contracts, types, and every test tier
+# (the cluster tier with node-1 on the real runtime; DRADRIVER_RUNTIME=fake for
+# the fake one).
+test: lint typecheck kube-binaries runtime-binaries
 	$(BIN)/pytest tests
 
 test-unit: install
@@ -40,10 +47,10 @@ test-unit: install
 test-grpc: install
 	$(BIN)/pytest tests/grpc
 
-test-cluster: kube-binaries
+test-cluster: kube-binaries runtime-binaries
 	$(BIN)/pytest tests/cluster
 
-demo: kube-binaries
+demo: kube-binaries runtime-binaries
 	$(BIN)/dradriver demo
 
 clean:

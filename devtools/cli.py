@@ -11,17 +11,38 @@ from pathlib import Path
 from typing import Any
 
 from devtools.cluster.binaries import BinaryError, build_dir, build_seconds, ensure_binaries
-from devtools.cluster.config import Layout, default_state_dir, parse_feature_gates
+from devtools.cluster.config import (
+    RUNTIMES,
+    Layout,
+    default_state_dir,
+    parse_feature_gates,
+    parse_runtime,
+)
+from devtools.cluster.containerd import ContainerdError
+from devtools.cluster.cri import CRIError
+from devtools.cluster.images import ImageError
 from devtools.cluster.local import ClusterError, LocalCluster
 from devtools.cluster.process import ProcessDied
+from devtools.cluster.runtimebin import RuntimeBuildError
 from devtools.cluster.wait import WaitTimeout
 
-ERRORS: tuple[type[Exception], ...] = (ClusterError, BinaryError, ProcessDied, WaitTimeout)
+ERRORS: tuple[type[Exception], ...] = (
+    ClusterError,
+    BinaryError,
+    ProcessDied,
+    WaitTimeout,
+    RuntimeBuildError,
+    ImageError,
+    ContainerdError,
+    CRIError,
+)
 
 
 def _cluster(args: argparse.Namespace) -> LocalCluster:
     gates = parse_feature_gates(args.feature_gates or "")
-    return LocalCluster(Layout(state_dir=args.state_dir, nodes=args.nodes), gates)
+    # down and status take the runtime from the running cluster's state file.
+    runtime = parse_runtime(getattr(args, "runtime", "fake"))
+    return LocalCluster(Layout(state_dir=args.state_dir, nodes=args.nodes, runtime=runtime), gates)
 
 
 def cmd_build(args: argparse.Namespace) -> int:
@@ -56,6 +77,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     print(f"nodes:      {nodes} (node-1 kubelet root {state.kubelet_root})")
     gates = ", ".join(f"{k}={v}" for k, v in state.feature_gates.items()) or "1.36 defaults"
     print(f"gates:      {gates}")
+    print(f"runtime:    node-1 {state.runtime}" + (", others fake" if len(state.nodes) > 1 else ""))
     print(f"{'COMPONENT':<26}{'PID':>8}  {'STATE':<8}{'PEAK RSS':>10}")
     healthy = True
     for rec in state.components:
@@ -70,7 +92,8 @@ def cmd_status(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     from devtools.demo.main import run_demo
 
-    return run_demo(Layout(state_dir=args.state_dir), parse_feature_gates(args.feature_gates or ""))
+    layout = Layout(state_dir=args.state_dir, runtime=parse_runtime(args.runtime))
+    return run_demo(layout, parse_feature_gates(args.feature_gates or ""))
 
 
 def with_cluster_opts(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -96,6 +119,18 @@ def with_cluster_opts(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     return p
 
 
+def with_runtime_opt(p: argparse.ArgumentParser, default_runtime: str) -> argparse.ArgumentParser:
+    p.add_argument(
+        "--runtime",
+        choices=RUNTIMES,
+        default=default_runtime,
+        help="node-1's container runtime: the upstream fake CRI (no containers run) or a "
+        "containerd + runc of its own with real containers; further nodes always run "
+        "the fake one (default: %(default)s)",
+    )
+    return p
+
+
 def register(sub: Any) -> None:
     """Add ``cluster`` and ``demo`` to the ``dradriver`` command's subparsers."""
     cluster = sub.add_parser("cluster", help="the local Kubernetes 1.36 cluster")
@@ -103,8 +138,11 @@ def register(sub: Any) -> None:
     csub.add_parser(
         "build", help="build (or find cached) kube binaries; print their dir"
     ).set_defaults(func=cmd_build)
-    with_cluster_opts(
-        csub.add_parser("up", help="start the cluster; print the kubeconfig path")
+    with_runtime_opt(
+        with_cluster_opts(
+            csub.add_parser("up", help="start the cluster; print the kubeconfig path")
+        ),
+        "fake",
     ).set_defaults(func=cmd_up)
     with_cluster_opts(csub.add_parser("down", help="stop the cluster and clean up")).set_defaults(
         func=cmd_down
@@ -112,6 +150,10 @@ def register(sub: Any) -> None:
     with_cluster_opts(
         csub.add_parser("status", help="show components, PIDs and peak RSS")
     ).set_defaults(func=cmd_status)
-    with_cluster_opts(
-        sub.add_parser("demo", help="start a cluster, run the example, tear down")
+    # The demo shows what containers printed, which needs real containers.
+    with_runtime_opt(
+        with_cluster_opts(
+            sub.add_parser("demo", help="start a cluster, run the example, tear down")
+        ),
+        "real",
     ).set_defaults(func=cmd_demo)

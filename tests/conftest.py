@@ -7,11 +7,15 @@ falsifying example and a ``@reproduce_failure`` blob. Each test bounds its own
 ``max_examples``.
 
 The cluster tier runs against the project's local cluster: real etcd,
-kube-apiserver, kube-controller-manager, kube-scheduler, kubelet and the fake
-CRI runtime. One cluster serves the whole session; if one is already running
-(``dradriver cluster up``) with the same feature gates it is reused and left
-running, otherwise it is started here and stopped at the end.
-Feature gates for the run: ``DRADRIVER_FEATURE_GATES=Name=true,...``.
+kube-apiserver, kube-controller-manager, kube-scheduler and kubelets; node-1
+runs real containers (containerd + runc) and node-2 the fake CRI runtime.
+One cluster serves the whole session; if one is already running
+(``dradriver cluster up``) with the same feature gates, runtime and at least
+as many nodes it is reused and left running, otherwise it is started here and
+stopped at the end.
+Feature gates for the run: ``DRADRIVER_FEATURE_GATES=Name=true,...``; node-1's
+runtime: ``DRADRIVER_RUNTIME=real|fake`` (default real; with fake the tests of
+tests/cluster/test_real_runtime.py are skipped); nodes: ``DRADRIVER_NODES``.
 """
 
 from __future__ import annotations
@@ -27,7 +31,12 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 from devtools.cluster.api import AdminAPI
-from devtools.cluster.config import Layout, default_state_dir, parse_feature_gates
+from devtools.cluster.config import (
+    Layout,
+    default_state_dir,
+    parse_feature_gates,
+    parse_runtime,
+)
 from devtools.cluster.local import LocalCluster, running_cluster
 
 TIERS = ("unit", "grpc", "fuzz", "cluster")
@@ -54,7 +63,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def local_cluster() -> Iterator[LocalCluster]:
     gates = parse_feature_gates(os.environ.get("DRADRIVER_FEATURE_GATES", ""))
     layout = Layout(
-        state_dir=default_state_dir(), nodes=int(os.environ.get("DRADRIVER_NODES", "2"))
+        state_dir=default_state_dir(),
+        nodes=int(os.environ.get("DRADRIVER_NODES", "2")),
+        runtime=parse_runtime(os.environ.get("DRADRIVER_RUNTIME", "real")),
     )
     with running_cluster(layout, gates) as (cluster, _, _):
         yield cluster

@@ -4,7 +4,7 @@ It is dradriver's :class:`~dradriver.k8s.client.SyncKubeClient` (plain JSON dict
 nothing the server returns is dropped; refusals raise
 :class:`~dradriver.k8s.client.KubeAPIError`) with the cluster's admin certificate, plus
 the conveniences tests need: the items of a list, namespaces that are usable or gone
-when the call returns.
+when the call returns, a container's log (plain text, the one non-JSON answer).
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from typing import Any
 
 from devtools.cluster.wait import wait_until
 from dradriver.k8s.client import SyncKubeClient, connection_from_files
+from dradriver.k8s.errors import KubeAPIError
 from dradriver.k8s.objects import Obj
 from dradriver.k8s.paths import path_for
 
@@ -45,3 +46,26 @@ class AdminAPI(SyncKubeClient):
             lambda: self.get_or_none(path_for("v1", "serviceaccounts", name, "default")),
             timeout,
         )
+
+    def pod_log(
+        self, namespace: str, pod: str, container: str | None = None, previous: bool = False
+    ) -> str:
+        """What a container wrote (the pod log API: apiserver -> kubelet -> runtime).
+
+        ``previous`` reads the container's last terminated instance. Refusals
+        (no such pod, container not started yet) raise :class:`KubeAPIError`.
+        """
+        path = path_for("v1", "pods", namespace, pod) + "/log"
+        params: dict[str, str] = {}
+        if container is not None:
+            params["container"] = container
+        if previous:
+            params["previous"] = "true"
+        resp = self._http.get(path, params=params, headers=self._headers())
+        if resp.status_code >= 300:
+            try:
+                body: Obj = resp.json()
+            except ValueError:
+                body = {"message": resp.text}
+            raise KubeAPIError("GET", path, resp.status_code, body)
+        return resp.text

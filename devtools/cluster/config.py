@@ -2,16 +2,32 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, get_args
 
 import yaml
+
+from devtools.cluster import containerd
 
 NODE_NAME = "node-1"
 SERVICE_CIDR = "10.96.0.0/24"
 SERVICE_IP = "10.96.0.1"
+# What runs a node's pods: the upstream fake CRI (no containers) or containerd + runc.
+Runtime = Literal["fake", "real"]
+RUNTIMES: tuple[Runtime, ...] = get_args(Runtime)
+# The kubelet and the apiserver talk over loopback: the apiserver reaches a
+# kubelet at its Node's InternalIP (pod logs), which is patched to this.
+NODE_IP = "127.0.0.1"
+
+
+def parse_runtime(text: str) -> Runtime:
+    for runtime in RUNTIMES:
+        if text == runtime:
+            return runtime
+    raise ValueError(f"runtime {text!r} must be one of {', '.join(RUNTIMES)}")
 
 
 def default_state_dir() -> Path:
@@ -61,13 +77,18 @@ class Ports:
 
 @dataclass(frozen=True)
 class NodeLayout:
-    """One kubelet's node: name, root dir, ports, runtime socket.
+    """One kubelet's node: name, root dir, ports, container runtime.
 
     Node 1 uses the standard /var/lib/kubelet; further nodes get their own root
     dir and ports so several kubelets share this machine. The device manager's
     dir (/var/lib/kubelet/device-plugins) does not follow --root-dir, so those
     kubelets run in their own mount namespace with ``device_plugins`` mounted
     over it.
+
+    With the real runtime the node has a containerd of its own
+    (``containerd``, None for the fake runtime) whose CRI socket the kubelet
+    uses, and which reads CDI specs from ``cdi_dir``: the node plugin must
+    write its specs there.
     """
 
     index: int
@@ -75,10 +96,13 @@ class NodeLayout:
     root: Path
     port: int
     healthz_port: int
+    runtime: Runtime
     cri_socket: Path
     config: Path
     device_plugins: Path | None
     pod_logs: Path
+    cdi_dir: Path
+    containerd: containerd.Layout | None
 
     @property
     def marker(self) -> Path:
@@ -100,6 +124,9 @@ class Layout:
     node_name: str = NODE_NAME
     ports: Ports = field(default_factory=Ports)
     nodes: int = 1
+    # The runtime of node-1; further nodes always run the fake one, since their
+    # kubelets live in mount namespaces of their own (see the README).
+    runtime: Runtime = "fake"
 
     def node(self, index: int) -> NodeLayout:
         """Node ``index`` (1-based)."""
@@ -111,16 +138,34 @@ class Layout:
             root = self.kubelet_root.with_name(f"{self.kubelet_root.name}-{name}")
             port, healthz = 11250 + index, 11350 + index
             device_plugins = self.state_dir / name / "device-plugins"
+        runtime: Runtime = self.runtime if index == 1 else "fake"
+        ctrd = self.containerd_layout(name) if runtime == "real" else None
         return NodeLayout(
             index=index,
             name=name,
             root=root,
             port=port,
             healthz_port=healthz,
-            cri_socket=self.state_dir / "run" / f"fakecri-{name}.sock",
+            runtime=runtime,
+            cri_socket=(ctrd.address if ctrd else self.state_dir / "run" / f"fakecri-{name}.sock"),
             config=self.state_dir / f"kubelet-{name}.yaml",
             device_plugins=device_plugins,
             pod_logs=self.state_dir / "pod-logs" / name,
+            cdi_dir=self.state_dir / "cdi" / name,
+            containerd=ctrd,
+        )
+
+    def containerd_layout(self, node: str) -> containerd.Layout:
+        """Where ``node``'s containerd keeps its state, all of it under the cluster's.
+
+        Only the shim sockets live elsewhere: containerd allows their dir 42
+        characters, so it is ``/run/drd-<digest of the state dir>-<node>``,
+        unique per cluster state dir.
+        """
+        digest = hashlib.sha256(str(self.state_dir.resolve()).encode()).hexdigest()[:8]
+        return containerd.Layout(
+            base=self.state_dir / "containerd" / node,
+            shim_socket_dir=Path("/run") / f"drd-{digest}-{node}",
         )
 
     def all_nodes(self) -> list[NodeLayout]:
@@ -216,7 +261,12 @@ def kubelet_config(
     serving_key: Path,
     gates: dict[str, bool],
 ) -> dict[str, Any]:
-    """A KubeletConfiguration that runs on this kind of machine (cgroup v1, fake CRI)."""
+    """A KubeletConfiguration that runs on this kind of machine (cgroup v1, either runtime).
+
+    The real runtime needs nothing else here: the kubelet takes the cgroup
+    driver (cgroupfs) from containerd's runc options, and writes container logs
+    to ``podLogsDir``, where containerd appends to them.
+    """
     return {
         "apiVersion": "kubelet.config.k8s.io/v1beta1",
         "kind": "KubeletConfiguration",
@@ -234,6 +284,9 @@ def kubelet_config(
         },
         "authorization": {"mode": "Webhook"},
         "containerRuntimeEndpoint": f"unix://{node.cri_socket}",
+        # Both runtimes serve the image service on the runtime socket (the
+        # kubelet's default, spelled out as the real-runtime notes ask).
+        "imageServiceEndpoint": f"unix://{node.cri_socket}",
         "cgroupDriver": "cgroupfs",
         "cgroupsPerQOS": False,
         "enforceNodeAllocatable": [],

@@ -13,13 +13,20 @@ The configuration follows the facts in shared/reference/real-runtime.md
 sandbox image pinned to the locally imported pause image, every registry sent
 to a loopback port that refuses (``http://127.0.0.1:9``) and NRI disabled.
 
+containerd runs as a :class:`~devtools.cluster.process.ManagedProcess` (the
+one process runner: own session, log file, empty cwd, recorded by PID and
+executable), so the local cluster records it next to its other components and
+``dradriver cluster down`` in another process can stop it.
+
 Teardown order (:meth:`Containerd.stop`): remove what runs in it while it is
-still up (the kubelet's pod sandboxes through the CRI: TODO with the kubelet
-harness; for now every task and container of the given namespaces with
-``ctr``), stop containerd by PID, delete with runc any container still in
-its runc root (containerd crashed or was killed), end shims it left, unmount
-what it mounted under its root and state, remove the empty cgroups it
-created; then :func:`remove_state` deletes the base directory.
+still up (every pod sandbox through the CRI, which the kubelet leaves running
+when it stops, then every task and container ``ctr run`` left in the given
+namespaces), stop containerd, delete with runc any container still in its
+runc root (containerd crashed or was killed), end shims it left, unmount what
+it mounted under its root and state (overlays, shm, the pods' netns files,
+which live under ``state/``), remove the shim socket dir and the empty
+``k8s.io`` cgroups it created; then :func:`remove_state` deletes the base
+directory.
 """
 
 from __future__ import annotations
@@ -31,15 +38,20 @@ import shutil
 import signal
 import subprocess
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from devtools.cluster.cri import CRIClient, CRIError, PodSandbox
+from devtools.cluster.process import ManagedProcess, ProcessRecord
 from dradriver.log import get_logger
 
 log = get_logger("cluster.containerd")
 
 PAUSE_IMAGE = "registry.k8s.io/pause:3.10"
+# The pod network: one tap device per pod netns, addresses from host-local.
+CNI_NETWORK = "dradriver"
+POD_SUBNET = "10.88.0.0/16"
 # Nothing listens on the discard port; a pull fails at once and stays local.
 REFUSING_REGISTRY = "http://127.0.0.1:9"
 CGROUP_V1_ROOT = Path("/sys/fs/cgroup")
@@ -103,6 +115,11 @@ class Layout:
         return self.base / "cni" / "net.d"
 
     @property
+    def cni_ipam_dir(self) -> Path:
+        """host-local's IP leases (otherwise the host's /var/lib/cni/networks)."""
+        return self.base / "cni" / "ipam"
+
+    @property
     def opt(self) -> Path:
         return self.base / "opt"
 
@@ -122,10 +139,6 @@ class Layout:
     @property
     def log(self) -> Path:
         return self.base / "containerd.log"
-
-    @property
-    def pidfile(self) -> Path:
-        return self.base / "containerd.pid"
 
     def check(self) -> None:
         # sun_path holds 107 bytes.
@@ -262,6 +275,41 @@ def write_config(
     return layout.config
 
 
+def cni_conflist(layout: Layout, subnet: str = POD_SUBNET) -> dict[str, object]:
+    """The pod network: a ``tap`` device as ``eth0`` with an address from ``host-local``.
+
+    This kernel has no veth, macvlan or ipvlan, so the usual bridge/ptp
+    plugins cannot work; tap needs only ``tun``. The pod gets a netns of its
+    own with ``lo`` and a carrier-less ``eth0`` (containerd's CRI needs an IP
+    on ``eth0``); the host gains no interface and nothing leaves the pod.
+    ``lo`` comes from the ``loopback`` plugin, which containerd runs as a
+    network of its own (``cni-loopback``) before this one: in a chain it
+    would act on ``eth0``.
+    """
+    return {
+        "cniVersion": "1.0.0",
+        "name": CNI_NETWORK,
+        "plugins": [
+            {
+                "type": "tap",
+                "ipam": {
+                    "type": "host-local",
+                    "ranges": [[{"subnet": subnet}]],
+                    "dataDir": str(layout.cni_ipam_dir),
+                },
+            }
+        ],
+    }
+
+
+def write_cni_conflist(layout: Layout, subnet: str = POD_SUBNET) -> Path:
+    """Write :func:`cni_conflist` into the layout's CNI conf dir; return its path."""
+    layout.cni_conf_dir.mkdir(parents=True, exist_ok=True)
+    path = layout.cni_conf_dir / f"10-{CNI_NETWORK}.conflist"
+    path.write_text(json.dumps(cni_conflist(layout, subnet), indent=2) + "\n")
+    return path
+
+
 # --- ctr ----------------------------------------------------------------------
 
 
@@ -307,15 +355,33 @@ def _alive(pid: int, exe: str) -> bool:
 
 @dataclass
 class Containerd:
-    """A started containerd: its PID, binaries and layout."""
+    """A containerd of ours: its process, binaries and layout.
+
+    Started here (:func:`start`) or, for a teardown from another process (the
+    local cluster's ``down``), rebuilt from the process record
+    (:meth:`adopt`).
+    """
 
     layout: Layout
     bin_dir: Path
-    pid: int
-    started: float  # time.monotonic() at start
+    process: ManagedProcess
     ready_seconds: float | None = None
+    # Cgroup parents containerd creates (the CRI's default "k8s.io"), and of
+    # those, the ones that existed before it started (never removed).
     cgroup_parents: list[str] = field(default_factory=lambda: ["k8s.io"])
-    _popen: subprocess.Popen[bytes] | None = field(default=None, repr=False)
+    cgroups_before: list[str] = field(default_factory=list)
+
+    @classmethod
+    def adopt(
+        cls, layout: Layout, record: ProcessRecord, cgroups_before: Sequence[str] = ()
+    ) -> Containerd:
+        bin_dir = Path(record.exe).parent
+        process = ManagedProcess.adopt(record)
+        return cls(layout, bin_dir, process, cgroups_before=[*cgroups_before])
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
 
     @property
     def exe(self) -> str:
@@ -335,40 +401,38 @@ class Containerd:
         ]
 
     def alive(self) -> bool:
-        if self._popen is not None and self._popen.poll() is not None:
-            return False
-        return _alive(self.pid, self.exe)
+        return self.process.alive()
 
     def ctr(
         self, namespace: str, *args: str, timeout: float = 60, check: bool = True
     ) -> subprocess.CompletedProcess[str]:
         return run_ctr(self.bin_dir, self.layout, namespace, *args, timeout=timeout, check=check)
 
-    def wait_ready(self, timeout: float = 30.0) -> float:
-        """Wait until containerd answers ``ctr version``; return seconds since start."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if not self.alive():
-                raise ContainerdError(
-                    f"containerd exited during start; last lines of {self.layout.log}:\n"
-                    + _tail(self.layout.log)
-                )
-            if self.layout.address.exists():
-                proc = self.ctr("default", "version", timeout=10, check=False)
-                if proc.returncode == 0:
-                    self.ready_seconds = time.monotonic() - self.started
-                    return self.ready_seconds
-            time.sleep(0.05)
-        raise ContainerdError(
-            f"containerd not ready after {timeout:.0f} s; last lines of {self.layout.log}:\n"
-            + _tail(self.layout.log)
-        )
+    def cri(self) -> CRIClient:
+        """A CRI client on this instance's socket (the one the kubelet uses)."""
+        return CRIClient(self.layout.address)
+
+    def answers(self) -> bool:
+        """Whether containerd answers ``ctr version`` yet."""
+        if not self.layout.address.exists():
+            return False
+        return self.ctr("default", "version", timeout=10, check=False).returncode == 0
+
+    def remove_pod_sandboxes(self) -> list[PodSandbox]:
+        """Stop and remove every pod sandbox through the CRI (what the kubelet left).
+
+        containerd then undoes them itself: containers, the CNI DEL of their
+        networks (host-local's IP leases, libcni's result cache), netns and
+        shm mounts.
+        """
+        with self.cri() as cri:
+            return cri.remove_all_pod_sandboxes()
 
     def remove_tasks(self, namespace: str, grace: float = 5.0) -> list[str]:
         """Kill and delete every task and container in ``namespace``; return their IDs.
 
-        With a kubelet, its pod sandboxes must go first through the CRI
-        (RemovePodSandbox for each, or ``crictl rmp -af``): TODO with the harness.
+        For containers started with ``ctr run``; the kubelet's pods go first
+        through the CRI (:meth:`remove_pod_sandboxes`).
         """
         tasks = self.ctr(namespace, "tasks", "list", "-q", check=False).stdout.split()
         for task in tasks:
@@ -396,16 +460,23 @@ class Containerd:
     def stop(
         self, namespaces: Iterable[str] = ("k8s.io", "default"), timeout: float = 10.0
     ) -> None:
-        """Tear down in order: tasks, containerd, runc leftovers, shims, mounts, cgroups."""
+        """Tear down in order: pod sandboxes (CRI), tasks (ctr), containerd, runc
+        leftovers, shims, mounts, cgroups."""
         if self.alive():
-            for namespace in namespaces:
-                removed = self.remove_tasks(namespace)
+            try:
+                removed = self.remove_pod_sandboxes()
+            except CRIError as e:
+                # Still tear down what can be: runc and the mounts below do not need it.
+                log.warning("could not remove pod sandboxes through the CRI", error=str(e))
+            else:
                 if removed:
-                    log.info("removed tasks", namespace=namespace, ids=",".join(removed))
-            self._signal_and_wait(self.pid, self.exe, timeout)
-        if self._popen is not None:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self._popen.wait(timeout=1)
+                    names = ",".join(f"{s.namespace}/{s.name}" for s in removed)
+                    log.info("removed pod sandboxes", count=len(removed), pods=names)
+            for namespace in namespaces:
+                tasks = self.remove_tasks(namespace)
+                if tasks:
+                    log.info("removed tasks", namespace=namespace, ids=",".join(tasks))
+        self.process.stop(timeout)
         # containerd gone with tasks still up (it crashed or was killed): the
         # containers outlive their shims, so delete them through runc itself.
         for container in self.delete_runc_containers():
@@ -415,11 +486,10 @@ class Containerd:
             self._signal_and_wait(pid, str((self.bin_dir / "containerd-shim-runc-v2").resolve()), 5)
         unmount_under([self.layout.root, self.layout.state, self.layout.base])
         if self.layout.shim_socket_dir is not None:
-            with contextlib.suppress(OSError):
-                self.layout.shim_socket_dir.rmdir()
-        remove_empty_cgroups(self.cgroup_parents)
-        with contextlib.suppress(OSError):
-            self.layout.pidfile.unlink()
+            shutil.rmtree(self.layout.shim_socket_dir, ignore_errors=True)
+        keep = {Path(p) for p in self.cgroups_before}
+        for removed_cgroup in remove_empty_cgroups(self.cgroup_parents, keep=keep):
+            log.debug("removed cgroup", path=str(removed_cgroup))
 
     @staticmethod
     def _signal_and_wait(pid: int, exe: str, timeout: float) -> None:
@@ -475,9 +545,17 @@ class Containerd:
 
 
 def start(
-    layout: Layout, bin_dir: Path, timeout: float = 30.0, env: dict[str, str] | None = None
+    layout: Layout,
+    bin_dir: Path,
+    timeout: float = 30.0,
+    env: dict[str, str] | None = None,
+    name: str = "containerd",
 ) -> Containerd:
-    """Start containerd with ``layout.config`` (see :func:`write_config`) and wait until ready."""
+    """Start containerd with ``layout.config`` (see :func:`write_config`) and wait until ready.
+
+    ``name`` is the process's name in logs and records (one instance per
+    kubelet: ``containerd``, ``containerd-node-2``, ...).
+    """
     if not layout.config.exists():
         raise ContainerdError(f"no config at {layout.config}; call write_config first")
     if layout.address.exists():
@@ -487,27 +565,27 @@ def start(
     run_env = dict(env or os.environ)
     # The shim (runtime_type io.containerd.runc.v2) is looked up on PATH.
     run_env["PATH"] = f"{bin_dir}{os.pathsep}{run_env.get('PATH', '/usr/sbin:/usr/bin:/sbin:/bin')}"
-    containerd = str(bin_dir / "containerd")
-    with open(layout.log, "ab") as out:
-        started = time.monotonic()
-        popen = subprocess.Popen(
-            [containerd, "--config", str(layout.config)],
-            cwd=layout.workdir,
-            env=run_env,
-            stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    layout.pidfile.write_text(f"{popen.pid}\n")
-    handle = Containerd(layout, bin_dir, popen.pid, started, _popen=popen)
+    cgroups_before = [str(p) for p in existing_cgroups(["k8s.io"])]
+    started = time.monotonic()
+    process = ManagedProcess.start(
+        name,
+        [str(bin_dir / "containerd"), "--config", str(layout.config)],
+        log_path=layout.log,
+        cwd=layout.workdir,
+        env=run_env,
+    )
+    handle = Containerd(layout, bin_dir, process, cgroups_before=cgroups_before)
     try:
-        seconds = handle.wait_ready(timeout)
+        process.wait_ready(f"{name} to answer on {layout.address}", handle.answers, timeout)
     except BaseException:
         handle.stop(namespaces=())
         raise
+    handle.ready_seconds = time.monotonic() - started
     log.info(
-        "containerd ready", pid=popen.pid, seconds=round(seconds, 2), address=str(layout.address)
+        "containerd ready",
+        pid=process.pid,
+        seconds=round(handle.ready_seconds, 2),
+        address=str(layout.address),
     )
     return handle
 
@@ -575,11 +653,23 @@ def cgroup_v1_hierarchies() -> list[Path]:
     return sorted(set(found))
 
 
-def remove_empty_cgroups(parents: Iterable[str]) -> list[Path]:
+def existing_cgroups(parents: Iterable[str]) -> list[Path]:
+    """``<hierarchy>/<parent>`` dirs that exist now (recorded before containerd starts)."""
+    return [
+        hierarchy / parent.strip("/")
+        for hierarchy in cgroup_v1_hierarchies()
+        for parent in parents
+        if (hierarchy / parent.strip("/")).is_dir()
+    ]
+
+
+def remove_empty_cgroups(parents: Iterable[str], keep: Collection[Path] = ()) -> list[Path]:
     """rmdir ``<hierarchy>/<parent>`` (and empty children) where nothing runs in them.
 
     rmdir only succeeds on a cgroup without processes or children, so a
-    cgroup another runtime still uses is left alone.
+    cgroup another runtime still uses is left alone. A parent in ``keep``
+    existed before our containerd started: its empty children (ours, left by
+    a crash) go, the parent stays.
     """
     removed = []
     for hierarchy in cgroup_v1_hierarchies():
@@ -588,8 +678,13 @@ def remove_empty_cgroups(parents: Iterable[str]) -> list[Path]:
             if not top.is_dir() or top == hierarchy:
                 continue
             for d in sorted((p for p in top.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
-                with contextlib.suppress(OSError):
+                try:
                     d.rmdir()
+                    removed.append(d)
+                except OSError:
+                    pass
+            if top in keep:
+                continue
             try:
                 top.rmdir()
                 removed.append(top)
@@ -607,11 +702,3 @@ def remove_state(layout: Layout) -> None:
         )
     # No mounts below, so this stays inside base (rmtree does not follow symlinks).
     shutil.rmtree(layout.base, ignore_errors=True)
-
-
-def _tail(path: Path, lines: int = 25) -> str:
-    try:
-        text = path.read_bytes()[-16384:].decode(errors="replace")
-    except OSError:
-        return "(no log)"
-    return "\n".join(text.splitlines()[-lines:])

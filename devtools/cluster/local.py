@@ -1,10 +1,20 @@
-"""A real single-node Kubernetes cluster on loopback, for tests and the demo.
+"""A real Kubernetes cluster on loopback, for tests and the demo.
 
 ``LocalCluster.up`` starts etcd, kube-apiserver, kube-controller-manager,
-kube-scheduler, the fake CRI runtime and a kubelet (node ``node-1``), waits for
-each to be ready, and records what it started in a state file so that another
-process (``dradriver cluster down``) can stop exactly those processes, restore
-the host sysctls the kubelet changes and unmount what it mounted.
+kube-scheduler, a container runtime and a kubelet per node (``node-1`` ...),
+waits for each to be ready, and records what it started in a state file so
+that another process (``dradriver cluster down``) can stop exactly those
+processes, restore the host sysctls the kubelet changes and unmount what it
+mounted.
+
+The runtime of node-1 is the upstream fake CRI (default: no containers run) or,
+with ``Layout(runtime="real")``, a containerd of its own running real
+containers with runc (:mod:`devtools.cluster.containerd`, configured as
+shared/reference/real-runtime.md found necessary): its images are imported
+before the kubelet starts, the kubelet gets ``--node-ip=127.0.0.1`` and the
+apiserver ``--kubelet-preferred-address-types=InternalIP``, and the Node's
+addresses are patched once to ``InternalIP 127.0.0.1``, so the pod log API
+reaches the kubelet over loopback and never resolves a node name by DNS.
 """
 
 from __future__ import annotations
@@ -26,22 +36,25 @@ from typing import Any
 
 import httpx
 
-from devtools.cluster import pki
+from devtools.cluster import containerd, images, pki, runtimebin
 from devtools.cluster.api import AdminAPI
 from devtools.cluster.binaries import KubeBinaries, ensure_binaries
 from devtools.cluster.config import (
+    NODE_IP,
     SERVICE_CIDR,
     SERVICE_IP,
     Layout,
     NodeLayout,
     format_feature_gates,
     kubelet_config,
+    parse_runtime,
     write_kubeconfig,
     write_yaml,
 )
 from devtools.cluster.process import ManagedProcess, ProcessRecord
 from devtools.cluster.wait import wait_until
 from dradriver.k8s.errors import KubeAPIError
+from dradriver.k8s.paths import path_for
 from dradriver.log import get_logger
 
 log = get_logger("cluster")
@@ -52,6 +65,9 @@ KUBELET_SYSCTLS = ("vm/overcommit_memory", "kernel/panic", "kernel/panic_on_oops
 RUNTIME_CONFIG = (
     "resource.k8s.io/v1beta1=true,resource.k8s.io/v1beta2=true,resource.k8s.io/v1alpha3=true"
 )
+# libcni's result cache: containerd's CRI has no setting for it. CNI DEL (pod
+# sandbox removal) empties it; a dir the cluster created goes at teardown.
+CNI_CACHE_DIR = Path("/var/lib/cni")
 # While a component starts, its probe fails to connect or is refused: "not ready yet".
 STARTING = (httpx.HTTPError, KubeAPIError, OSError)
 
@@ -76,6 +92,13 @@ class ClusterState:
     nodes: list[str] = field(default_factory=list)
     sysctls: dict[str, str] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)
+    # node-1's runtime ("fake" or "real"); state files from before it say nothing.
+    runtime: str = "fake"
+    # Per containerd component: the k8s.io cgroup dirs that existed before it
+    # started (teardown keeps them).
+    cgroups_before: dict[str, list[str]] = field(default_factory=dict)
+    # Whether `up` created /var/lib/cni (libcni's cache), so `down` removes it.
+    created_cni_cache: bool = False
 
     @classmethod
     def load(cls, path: Path) -> ClusterState | None:
@@ -165,6 +188,7 @@ class LocalCluster:
             self.down()
         self._check_ports()
         binaries = binaries or ensure_binaries()
+        runtime = self._runtime_binaries()
         self._check_kubelet_root()
         started = time.monotonic()
         state = ClusterState(
@@ -173,9 +197,10 @@ class LocalCluster:
             kubelet_root=str(self.layout.kubelet_root),
             feature_gates=self.feature_gates,
             nodes=[n.name for n in self.layout.all_nodes()],
+            runtime=self.layout.runtime,
         )
         try:
-            self._start(binaries, state, started)
+            self._start(binaries, runtime, state, started)
         except BaseException:
             # Leave nothing behind: a half-started cluster would block the next `up`.
             state.save(self.layout.state_file)
@@ -189,12 +214,23 @@ class LocalCluster:
     def down(self) -> None:
         state = self.state()
         if state is not None:
-            # Kubelet first, so it stops touching mounts; etcd last.
+            runtimes = {runtime_component(n): n for n in self._known_nodes(state)}
+            # Kubelet first, so it stops touching mounts (and a node's kubelet
+            # before its runtime, whose sandboxes it would recreate); etcd last.
             for record in reversed(state.components):
-                ManagedProcess.adopt(record).stop()
+                node = runtimes.get(record.name)
+                if node is not None and node.containerd is not None:
+                    before = state.cgroups_before.get(record.name, [])
+                    containerd.Containerd.adopt(node.containerd, record, before).stop()
+                else:
+                    ManagedProcess.adopt(record).stop()
                 log.debug("stopped", component=record.name, pid=record.pid)
             self._restore_sysctls(state.sysctls)
+            if state.created_cni_cache:
+                remove_empty_dirs(CNI_CACHE_DIR)
         for node in self._known_nodes(state):
+            if node.containerd is not None:
+                containerd.unmount_under([node.containerd.base])
             unmount_all(node.root)
             if node.marker.exists():
                 shutil.rmtree(node.root, ignore_errors=True)
@@ -208,8 +244,12 @@ class LocalCluster:
         log.info("cluster is down")
 
     def _known_nodes(self, state: ClusterState | None) -> list[NodeLayout]:
+        """The nodes of the recorded cluster (its runtime, not this command's)."""
         count = max(self.layout.nodes, len(state.nodes) if state else 0)
-        return [self.layout.node(i) for i in range(1, count + 1)]
+        layout = self.layout
+        if state is not None and state.runtime != layout.runtime:
+            layout = dataclasses.replace(layout, runtime=parse_runtime(state.runtime))
+        return [layout.node(i) for i in range(1, count + 1)]
 
     def restart_component(self, name: str, timeout: float = 90) -> None:
         """Stop one component and start it again with the same command line (e.g. the kubelet)."""
@@ -338,8 +378,48 @@ class LocalCluster:
                 ips=("127.0.0.1",),
             )
 
-    def _start(self, bins: KubeBinaries, state: ClusterState, t0: float) -> None:
+    def _runtime_binaries(self) -> RuntimeBinaries | None:
+        """containerd, runc, CNI plugins and images, if any node runs the real runtime.
+
+        Built (or found in the cache) before anything starts, so that a cold
+        build never runs with a half-started cluster.
+        """
+        if not any(n.containerd for n in self.layout.all_nodes()):
+            return None
+        bin_dir = runtimebin.ensure_runtime_binaries()
+        return RuntimeBinaries(bin_dir, images.ensure_images(bin_dir / "probe"))
+
+    def _start_containerd(
+        self, node: NodeLayout, runtime: RuntimeBinaries, state: ClusterState
+    ) -> containerd.Containerd:
+        """Configure and start ``node``'s containerd, with the images it needs imported."""
+        assert node.containerd is not None
+        ctrd = node.containerd
+        node.cdi_dir.mkdir(parents=True, exist_ok=True, mode=0o755)
+        containerd.write_config(
+            ctrd,
+            runtime.bin_dir,
+            cdi_spec_dirs=[node.cdi_dir],
+            sandbox_image=images.PAUSE_IMAGE,
+        )
+        containerd.write_cni_conflist(ctrd)
+        if not CNI_CACHE_DIR.exists():
+            state.created_cni_cache = True
+        name = runtime_component(node)
+        handle = containerd.start(ctrd, runtime.bin_dir, timeout=60, name=name)
+        state.cgroups_before[name] = list(handle.cgroups_before)
+        images.import_images(runtime.bin_dir / "ctr", str(ctrd.address), runtime.images.values())
+        return handle
+
+    def _start(
+        self,
+        bins: KubeBinaries,
+        runtime: RuntimeBinaries | None,
+        state: ClusterState,
+        t0: float,
+    ) -> None:
         layout, p = self.layout, self.layout.pki
+        real_nodes = [n for n in layout.all_nodes() if n.containerd is not None]
         gates = format_feature_gates(self.feature_gates)
         gate_flags = [f"--feature-gates={gates}"] if gates else []
         running: list[ManagedProcess] = []
@@ -417,6 +497,9 @@ class LocalCluster:
                 f"--proxy-client-cert-file={p / 'front-proxy-client.crt'}",
                 f"--proxy-client-key-file={p / 'front-proxy-client.key'}",
                 f"--runtime-config={RUNTIME_CONFIG}",
+                # Reach kubelets (pod logs) at the Node's InternalIP, patched to
+                # 127.0.0.1 below: the default prefers the Hostname, resolved by DNS.
+                *(["--kubelet-preferred-address-types=InternalIP"] if real_nodes else []),
                 *gate_flags,
             ],
         )
@@ -481,12 +564,20 @@ class LocalCluster:
         state.sysctls = self._save_sysctls()
         state.save(layout.state_file)
         for node in layout.all_nodes():
-            node.cri_socket.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-            start(
-                fakecri_component(node),
-                [str(bins["fakecri"]), f"--endpoint=unix://{node.cri_socket}"],
-            )
-            wait_for(f"fake CRI socket of {node.name}", node.cri_socket.exists, 30)
+            if node.containerd is not None:
+                assert runtime is not None
+                handle = self._start_containerd(node, runtime, state)
+                running.append(handle.process)
+                state.components.append(handle.process.record)
+                state.save(layout.state_file)
+                mark(f"containerd-{node.name}")
+            else:
+                node.cri_socket.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+                start(
+                    runtime_component(node),
+                    [str(bins["fakecri"]), f"--endpoint=unix://{node.cri_socket}"],
+                )
+                wait_for(f"fake CRI socket of {node.name}", node.cri_socket.exists, 30)
             write_yaml(
                 node.config,
                 kubelet_config(
@@ -504,6 +595,10 @@ class LocalCluster:
                 f"--hostname-override={node.name}",
                 f"--root-dir={node.root}",
             ]
+            if node.containerd is not None:
+                # It logs that a loopback node IP is invalid, and then leaves
+                # the Node's addresses alone after the patch below.
+                argv.append(f"--node-ip={NODE_IP}")
             start(
                 kubelet_component(node),
                 isolate_device_plugins(node, argv),
@@ -512,6 +607,8 @@ class LocalCluster:
         with self.api() as api:
             for node in layout.all_nodes():
                 wait_for(f"node {node.name} Ready", partial(node_ready, api, node.name), 90)
+            for node in real_nodes:
+                set_loopback_address(api, node.name)
             mark("node-ready")
             # Pods cannot be created in a namespace before its ServiceAccount exists.
             wait_for(
@@ -540,8 +637,49 @@ def kubelet_component(node: NodeLayout) -> str:
     return "kubelet" if node.index == 1 else f"kubelet-{node.name}"
 
 
-def fakecri_component(node: NodeLayout) -> str:
-    return "fakecri" if node.index == 1 else f"fakecri-{node.name}"
+def runtime_component(node: NodeLayout) -> str:
+    """The name of a node's runtime process: fakecri or containerd (-node-K)."""
+    kind = "containerd" if node.runtime == "real" else "fakecri"
+    return kind if node.index == 1 else f"{kind}-{node.name}"
+
+
+@dataclass(frozen=True)
+class RuntimeBinaries:
+    """The real runtime's bin dir and the image tarballs to import (name -> path)."""
+
+    bin_dir: Path
+    images: dict[str, Path]
+
+
+def set_loopback_address(api: AdminAPI, node: str) -> None:
+    """Make the Node's only InternalIP 127.0.0.1 (once; the kubelet keeps it).
+
+    A JSON merge patch replaces the whole list, so the address the kubelet
+    found on the host's interface is gone and the apiserver reaches this
+    kubelet over loopback.
+    """
+    api.merge_patch(
+        path_for("v1", "nodes", name=node) + "/status",
+        {
+            "status": {
+                "addresses": [
+                    {"type": "InternalIP", "address": NODE_IP},
+                    {"type": "Hostname", "address": node},
+                ]
+            }
+        },
+    )
+
+
+def remove_empty_dirs(root: Path) -> None:
+    """rmdir ``root`` and the dirs below it, deepest first, where they are empty."""
+    if not root.is_dir():
+        return
+    for d in sorted((p for p in root.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
+        with contextlib.suppress(OSError):
+            d.rmdir()
+    with contextlib.suppress(OSError):
+        root.rmdir()
 
 
 def isolate_device_plugins(node: NodeLayout, argv: list[str]) -> list[str]:
@@ -589,6 +727,11 @@ def running_cluster(
     state = cluster.running()
     if state is not None:
         running_nodes = len(state.nodes) or 1
+        if state.runtime != layout.runtime:
+            raise AlreadyRunning(
+                f"a local cluster runs with the {state.runtime} runtime, the "
+                f"{layout.runtime} one is needed; stop it first (`dradriver cluster down`)"
+            )
         if state.feature_gates != (feature_gates or {}):
             raise AlreadyRunning(
                 "a local cluster runs with other feature gates "

@@ -23,6 +23,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from devtools.cluster import containerd, images, runtimebin
+from devtools.cluster.probe import parse_report
 from dradriver.log import configure
 
 PROBE_ID = "smoke-probe"
@@ -39,19 +40,6 @@ def timed(results: dict[str, float], name: str) -> Iterator[None]:
     started = time.monotonic()
     yield
     results[name] = time.monotonic() - started
-
-
-def parse_report(lines: Sequence[str]) -> dict[str, list[dict[str, str]]]:
-    """Group probe report lines by record kind, each as its key=value fields."""
-    records: dict[str, list[dict[str, str]]] = {}
-    for line in lines:
-        kind, _, rest = line.partition(" ")
-        fields: dict[str, str] = {}
-        for i, token in enumerate(rest.split(" ")):
-            key, sep, value = token.partition("=")
-            fields[key if sep else f"_{i}"] = value if sep else token
-        records.setdefault(kind, []).append(fields)
-    return records
 
 
 def run_attached(
@@ -133,19 +121,19 @@ def smoke(keep: bool) -> int:
         )
         proc, lines, first = run_attached([*run, images.PROBE_IMAGE, PROBE_ID], until="probe ready")
         t["ctr run probe -> first output line"] = first
-        report = parse_report(lines)
-        null = [p for p in report.get("path", []) if p.get("name") == "/dev/null"]
-        if not null or null[0].get("type") != "char" or null[0].get("rdev") != "1:3":
+        report = parse_report("\n".join(lines))
+        null = report.paths.get("/dev/null")
+        if null is None or (null.type, null.rdev) != ("char", "1:3"):
             raise SmokeFailure(f"/dev/null in the container is not char 1:3: {null}")
-        start = report["probe"][0]
+        start = report.start
         with timed(t, "SIGTERM probe -> ctr run exits"):
             ctrd.ctr(NAMESPACE, "tasks", "kill", "-s", "SIGTERM", PROBE_ID)
             out, err = proc.communicate(timeout=30)
         if proc.returncode != 0 or "probe exit" not in out:
             raise SmokeFailure(f"probe did not exit 0 on SIGTERM ({proc.returncode}): {out}{err}")
         print(
-            f"probe: {start}, {len(report.get('env', []))} env, "
-            f"{len(report.get('path', []))} paths, {len(report.get('mount', []))} mounts"
+            f"probe: {start}, {len(report.env)} env, "
+            f"{len(report.paths)} paths, {len(report.mounts)} mounts"
         )
         for line in lines:
             if line.startswith(("env ", "path type=char rdev=1:3", "mount id")) and (

@@ -2,10 +2,13 @@
 
 It starts (or reuses) the local cluster, runs dradriver's kubelet plugin for
 node-1 with four mock devices, and creates three pods: one with its own claim
-(from a template) and two sharing one claim. For every pod it prints when its
-claim was allocated, prepared and the pod started, then what each container
-gets from the CDI specs the plugin wrote, and deletes the pods, showing the
-devices being released. Then dradriver-controller joins
+(from a template) and two sharing one claim, plus one asking for the device
+plugin's extended resource. For every pod it prints when its claim was
+allocated, prepared and the pod started, then what each container got: on the
+real runtime (the default) what the container itself printed (``ls -l`` of its
+device nodes and its ``DRADRIVER_*`` env, read through the pod log API), on the
+fake one what the CDI specs the plugin wrote would give it. Then it deletes the
+pods, showing the devices being released. Then dradriver-controller joins
 (:mod:`devtools.demo.controller`): an immediate claim, a network-attached device
 with its binding condition, and ``dradriver explain`` of a claim that cannot be
 allocated. Finally it stops what it started.
@@ -18,19 +21,26 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import yaml
 
 from devtools.cluster.api import AdminAPI
 from devtools.cluster.config import Layout
+from devtools.cluster.images import PROBE_IMAGE
 from devtools.cluster.kubeletstate import device_plugin_devices, kubelet_cdi_ids
 from devtools.cluster.local import LocalCluster, running_cluster
 from devtools.cluster.wait import wait_until
 from devtools.demo.controller import run_controller_demo
-from devtools.harness.nodeplugin import NodePlugin, start_node_plugin, wait_for_slices
+from devtools.harness.nodeplugin import (
+    NodePlugin,
+    start_node_plugin,
+    wait_for_slices,
+)
 from dradriver import DEFAULT_DRIVER_NAME
 from dradriver.host.cdi import CDIRegistry
+from dradriver.k8s.errors import KubeAPIError
 from dradriver.k8s.objects import Obj
 from dradriver.k8s.paths import RESOURCE_V1, path_for
 
@@ -38,6 +48,9 @@ NAMESPACE = "dradriver-demo"
 LEGACY_RESOURCE = "dradriver.dev/mock"
 DRIVER = DEFAULT_DRIVER_NAME
 PAUSE = "registry.k8s.io/pause:3.10"
+# On the real runtime each container shows what it got, then idles until stopped.
+END = "--- end of report"
+REPORT = f'ls -l /dev/dradriver; env | grep ^DRADRIVER_ | sort; echo "{END}"; exec probe pause'
 
 
 @dataclass
@@ -48,7 +61,19 @@ class Timeline:
         print(f"{time.monotonic() - self.start:7.2f}s  {text}", flush=True)
 
 
-def _pod(name: str, claim_ref: Obj, containers: list[str], node: str) -> Obj:
+def _container(name: str, real: bool, resources: Obj) -> Obj:
+    if not real:
+        return {"name": name, "image": PAUSE, "resources": resources}
+    return {
+        "name": name,
+        "image": PROBE_IMAGE,
+        "imagePullPolicy": "Never",
+        "command": ["sh", "-c", REPORT],
+        "resources": resources,
+    }
+
+
+def _pod(name: str, claim_ref: Obj, containers: list[str], node: str, real: bool) -> Obj:
     return {
         "metadata": {"name": name},
         "spec": {
@@ -56,10 +81,7 @@ def _pod(name: str, claim_ref: Obj, containers: list[str], node: str) -> Obj:
             "nodeSelector": {"kubernetes.io/hostname": node},
             "terminationGracePeriodSeconds": 0,
             "resourceClaims": [{"name": "dev", **claim_ref}],
-            "containers": [
-                {"name": c, "image": PAUSE, "resources": {"claims": [{"name": "dev"}]}}
-                for c in containers
-            ],
+            "containers": [_container(c, real, {"claims": [{"name": "dev"}]}) for c in containers],
         },
     }
 
@@ -143,6 +165,7 @@ def _workloads(
     cluster: LocalCluster, api: AdminAPI, plugin: NodePlugin, timeline: Timeline, timeout: float
 ) -> int:
     node = cluster.layout.node_name
+    real = cluster.layout.node(1).runtime == "real"
     api.delete_namespace(NAMESPACE, timeout)  # a leftover of an interrupted run
     api.create_namespace(NAMESPACE)
     api.create(
@@ -155,10 +178,10 @@ def _workloads(
     )
     pods = {
         "solo": _pod(
-            "solo", {"resourceClaimTemplateName": "one-device"}, ["main", "sidecar"], node
+            "solo", {"resourceClaimTemplateName": "one-device"}, ["main", "sidecar"], node, real
         ),
-        "shared-a": _pod("shared-a", {"resourceClaimName": "shared"}, ["main"], node),
-        "shared-b": _pod("shared-b", {"resourceClaimName": "shared"}, ["main"], node),
+        "shared-a": _pod("shared-a", {"resourceClaimName": "shared"}, ["main"], node, real),
+        "shared-b": _pod("shared-b", {"resourceClaimName": "shared"}, ["main"], node, real),
     }
     for pod in pods.values():
         api.create(path_for("v1", "pods", NAMESPACE), pod)
@@ -170,7 +193,7 @@ def _workloads(
             "spec": {
                 "nodeSelector": {"kubernetes.io/hostname": node},
                 "terminationGracePeriodSeconds": 0,
-                "containers": [{"name": "main", "image": PAUSE, "resources": legacy_limits}],
+                "containers": [_container("main", real, legacy_limits)],
             },
         },
     )
@@ -226,16 +249,30 @@ def _workloads(
         "(device-plugin API, same node, same ledger)"
     )
 
-    print("\nWhat each container gets (CDI edits resolved from the specs on disk):")
     registry = CDIRegistry(plugin.cdi_dir, DRIVER)
-    for name, pod in pods.items():
-        uid = claims[name]["metadata"]["uid"]
-        ids = kubelet_cdi_ids(cluster.layout.kubelet_root, uid, DRIVER)
-        edits = registry.resolve_many(ids)
-        for container in pod["spec"]["containers"]:
-            nodes = ", ".join(f"{d.path} (host {d.host_path})" for d in edits.device_nodes)
-            env = " ".join(f"{k}={v}" for k, v in sorted(edits.env.items()))
-            print(f"  {name}/{container['name']}: devices {nodes}\n      env {env}")
+    if real:
+        print("\nWhat each container printed (its log, read through the pod log API):")
+        for name, pod in [*pods.items(), ("legacy", legacy)]:
+            for container in pod["spec"]["containers"]:
+                text = wait_until(
+                    f"the report of {name}/{container['name']}",
+                    partial(_report, api, name, container["name"]),
+                    timeout,
+                    ignore=(KubeAPIError,),
+                )
+                print(f"  {name}/{container['name']}:")
+                print("\n".join(f"      {line}" for line in text.splitlines()))
+    else:
+        # The fake runtime runs nothing: show what the specs would give.
+        print("\nWhat each container gets (CDI edits resolved from the specs on disk):")
+        for name, pod in pods.items():
+            uid = claims[name]["metadata"]["uid"]
+            ids = kubelet_cdi_ids(cluster.layout.kubelet_root, uid, DRIVER)
+            edits = registry.resolve_many(ids)
+            for container in pod["spec"]["containers"]:
+                nodes = ", ".join(f"{d.path} (host {d.host_path})" for d in edits.device_nodes)
+                env = " ".join(f"{k}={v}" for k, v in sorted(edits.env.items()))
+                print(f"  {name}/{container['name']}: devices {nodes}\n      env {env}")
     print()
 
     api.delete(path_for("v1", "namespaces", name=NAMESPACE))
@@ -247,6 +284,13 @@ def _workloads(
         timeout,
     )
     return 0
+
+
+def _report(api: AdminAPI, pod: str, container: str) -> str | None:
+    """What the container printed before the end marker, once it has printed it all."""
+    text = api.pod_log(NAMESPACE, pod, container)
+    head, sep, _ = text.partition(END)
+    return head.rstrip("\n") if sep else None
 
 
 def _claim_of(api: AdminAPI, pod: Obj) -> Obj | None:

@@ -1,10 +1,11 @@
 """Run dradriver's kubelet plugin against the local cluster, as a DaemonSet pod would.
 
-The plugin runs as a host process (the fake runtime runs no containers), but
+The plugin runs as a host process (not in a container, on either runtime), but
 with the identity a real deployment has: the manifests' RBAC, and a service
 account token bound to a placeholder pod on the node, so the apiserver sees
 the same node association (``authentication.kubernetes.io/node-name``) and
-the node-scoped admission policy applies.
+the node-scoped admission policy applies. On a node with the real runtime the
+plugin writes its CDI specs into the dir that node's containerd reads.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from dradriver.k8s.paths import RESOURCE_V1, path_for
 NAMESPACE = "dradriver"
 SERVICE_ACCOUNT = "dradriver-kubeletplugin"
 PLUGIN_MANIFESTS = ("rbac.yaml", "deviceclass.yaml")
+PLACEHOLDER_IMAGE = "registry.k8s.io/pause:3.10"
 # The admission policies that confine the plugin to its node, pool and driver.
 PLUGIN_POLICIES = ("slice-node-policy.yaml", "claim-status-policy.yaml")
 POLICY_DRIVERS_VARIABLE = "drivers"
@@ -110,7 +112,15 @@ def plugin_identity(
                     "nodeName": node,
                     "serviceAccountName": SERVICE_ACCOUNT,
                     "automountServiceAccountToken": False,
-                    "containers": [{"name": "plugin", "image": "dradriver:0.1.0"}],
+                    # An image every runtime has: on the real one the
+                    # placeholder runs, and no registry is reachable.
+                    "containers": [
+                        {
+                            "name": "plugin",
+                            "image": PLACEHOLDER_IMAGE,
+                            "imagePullPolicy": "IfNotPresent",
+                        }
+                    ],
                 },
             },
         )
@@ -237,7 +247,9 @@ def start_node_plugin(
         kubeconfig=kubeconfig,
         workdir=workdir,
         kubelet_root=layouts[node].root,
-        cdi_dir=workdir / "cdi",
+        # containerd reads specs from its node's CDI dir only; the fake
+        # runtime reads none, so there each plugin keeps its own.
+        cdi_dir=layouts[node].cdi_dir if layouts[node].runtime == "real" else workdir / "cdi",
         port=free_port(),
     )
     plugin.start()

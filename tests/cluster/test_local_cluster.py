@@ -22,12 +22,13 @@ def test_components_are_real_and_running(local_cluster: LocalCluster) -> None:
     assert state is not None
     names = [c.name for c in state.components]
     extra = [n for n in state.nodes if n != "node-1"]
+    node_1_runtime = "containerd" if state.runtime == "real" else "fakecri"
     assert names == [
         "etcd",
         "kube-apiserver",
         "kube-controller-manager",
         "kube-scheduler",
-        "fakecri",
+        node_1_runtime,
         "kubelet",
         *(f"{kind}-{node}" for node in extra for kind in ("fakecri", "kubelet")),
     ]
