@@ -281,7 +281,10 @@ class ClaimReconciler:
         if allocation:
             await self.conflicts.check(key, claim, allocation)
             if CONFLICT_ANNOTATION in annotations_of(claim):
-                await self.conflicts.release(key, claim, allocation)
+                lifted = await self.conflicts.release(key, claim, allocation)
+                if lifted is None:
+                    return  # gone
+                claim = lifted
             await self._settled(key, claim)
             return
         if key in self.holdings.inflight:
