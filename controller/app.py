@@ -5,6 +5,12 @@ without listing first. The reconcilers run only in the leader: they start when
 the Lease is acquired and are cancelled the moment it is lost. On SIGTERM the
 leader finishes in-flight reconciles (bounded), then releases the Lease so a
 standby takes over at once.
+
+Three places work: the main event loop (informers, the Lease, the reconcilers), a
+thread with its own event loop for the HTTP servers (probes and metrics, the admission
+webhook: :mod:`controller.serving`), and a child process for the allocator's search
+(:mod:`controller.claims.worker`). Nothing CPU-bound without a bound runs on the main
+loop, so the Lease keeps being renewed while a claim is being allocated.
 """
 
 from __future__ import annotations
@@ -17,9 +23,11 @@ from pathlib import Path
 from fastapi import FastAPI
 
 from controller.claims.reconciler import ClaimReconciler, claims_using
+from controller.claims.worker import AllocationWorker
 from controller.networkpools.reconciler import NetworkPoolReconciler, pool_of_slice, pools_of_claim
 from controller.parameters import ParametersReconciler, parameters_used_by
 from controller.pinning import ParametersPinReconciler, claims_referencing
+from controller.serving import Server, ServingThread
 from dradriver.api import networkpool as net
 from dradriver.api import parameters as params
 from dradriver.httpserver import HTTPEndpoint, build_app
@@ -55,6 +63,8 @@ class Options:
     workers: int = 4
     shutdown_grace: float = 10.0
     allocation_namespaces: tuple[str, ...] = ()
+    # Wall-clock seconds one claim's search may take (all nodes), in the worker process.
+    allocation_timeout: float = 10.0
     # The admission webhook, served over TLS in this process too when an address is given.
     webhook_address: str | None = None
     webhook_cert: Path | None = None
@@ -126,6 +136,10 @@ class ControllerApp:
                 identity=options.identity or default_identity(),
             )
             self.elector = LeaderElector(client, config, self._lead, metrics=self.metrics)
+        self.allocation_worker = AllocationWorker()
+        self.serving = ServingThread()
+        self.http: HTTPEndpoint | None = None
+        self.webhook: WebhookServer | None = None
         self.parameters_reconciler = ParametersReconciler(
             client, driver, self.parameters, self.is_leader, claims=self.claims
         )
@@ -141,6 +155,8 @@ class ControllerApp:
             namespaces=options.allocation_namespaces,
             pending_pods=self.pending_pods,
             fence_namespace=options.lease_namespace,  # fence claims live by the Lease
+            worker=self.allocation_worker,
+            allocation_timeout=options.allocation_timeout,
         )
         waiting = self.claim_reconciler.waiting_keys
         claims_controller = (
@@ -244,15 +260,21 @@ class ControllerApp:
         settings = WebhookSettings(driver=driver, device_classes=frozenset({driver}))
         return build_webhook_app(settings, self.metrics.registry, self.ready)
 
-    async def _start_webhook(self) -> WebhookServer | None:
+    def servers(self) -> list[Server]:
+        """The HTTP servers: probes and metrics, and the webhook when it has an address."""
         o = self.options
-        if o.webhook_address is None:
-            return None
-        if o.webhook_cert is None or o.webhook_key is None:
-            raise ValueError("the webhook needs a certificate and a key")
-        server = WebhookServer(self.webhook_app(), o.webhook_address, o.webhook_cert, o.webhook_key)
-        await server.start()
-        return server
+        self.http = HTTPEndpoint(
+            build_app(self.ready, self.metrics.registry, "dradriver-controller"), o.http_address
+        )
+        servers: list[Server] = [self.http]
+        if o.webhook_address is not None:
+            if o.webhook_cert is None or o.webhook_key is None:
+                raise ValueError("the webhook needs a certificate and a key")
+            self.webhook = WebhookServer(
+                self.webhook_app(), o.webhook_address, o.webhook_cert, o.webhook_key
+            )
+            servers.append(self.webhook)
+        return servers
 
     async def _lead(self) -> None:
         """Runs while this replica leads; cancelled when the Lease is lost."""
@@ -265,16 +287,7 @@ class ControllerApp:
             self._leading = False
 
     async def run(self, stop: asyncio.Event) -> None:
-        http = HTTPEndpoint(
-            build_app(self.ready, self.metrics.registry, "dradriver-controller"),
-            self.options.http_address,
-        )
-        await http.start()
-        try:
-            webhook = await self._start_webhook()
-        except BaseException:
-            await http.stop()
-            raise
+        await self.serving.start(self.servers())
         for informer in self.informers:
             informer.start()
         leading = asyncio.create_task(
@@ -309,7 +322,6 @@ class ControllerApp:
                 await leading
             for informer in self.informers:
                 await informer.stop()
-            if webhook is not None:
-                await webhook.stop()
-            await http.stop()
+            await self.allocation_worker.close()
+            await self.serving.stop()
             log.info("stopped")

@@ -128,6 +128,16 @@ def build_parser() -> argparse.ArgumentParser:
         "(default: every namespace). The allocated state always covers every namespace.",
     )
     parser.add_argument(
+        "--allocation-timeout",
+        type=float,
+        default=10.0,
+        help="wall-clock seconds the search for one claim's allocation may take, over all "
+        "nodes (it runs in a child process, off the loop that serves the webhook, probes "
+        "and the Lease); a claim that runs out gets an AllocationFailed event and the "
+        "dradriver.dev/allocation-status annotation naming this budget, and is retried "
+        "with backoff (default: %(default)s, the scheduler's timeout per node)",
+    )
+    parser.add_argument(
         "--log-level", default="info", choices=["debug", "info", "warning", "error"]
     )
     return parser
@@ -158,6 +168,8 @@ def options_from(args: argparse.Namespace) -> Options:
         raise ValueError("--webhook-cert and --webhook-key need --webhook-address")
     if args.workers < 1:
         raise ValueError("--workers must be at least 1")
+    if not args.allocation_timeout > 0:
+        raise ValueError("--allocation-timeout must be a positive number of seconds")
     try:
         LeaderElectionConfig(
             args.lease_namespace,
@@ -182,6 +194,7 @@ def options_from(args: argparse.Namespace) -> Options:
         workers=args.workers,
         shutdown_grace=args.shutdown_grace,
         allocation_namespaces=tuple(args.allocation_namespaces),
+        allocation_timeout=args.allocation_timeout,
         webhook_address=args.webhook_address,
         webhook_cert=None if args.webhook_address is None else Path(args.webhook_cert),
         webhook_key=None if args.webhook_address is None else Path(args.webhook_key),

@@ -6,14 +6,23 @@ kube-scheduler's allocated-device set applies although the other claim still hol
 device (:mod:`controller.claims.scheduler`), so our claim is *held* instead: it keeps
 its allocation, is marked with the conflict annotation (the node plugin refuses to
 prepare it) and is given back once no other claim holds the device and the scheduler is
-quiet; then it is allocated again.
+quiet; then it is allocated again. A held claim that a pod uses meanwhile (the scheduler
+reserves a claim a pod names; it does not read our annotation) cannot be given back: it
+stays held while the other claim holds the device, then the hold is lifted and it keeps
+the device.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from controller.claims.allocation import STATUS_ANNOTATION, claim_path, conflicts, should_yield
+from controller.claims.allocation import (
+    STATUS_ANNOTATION,
+    claim_path,
+    conflicts,
+    reserved_for,
+    should_yield,
+)
 from controller.claims.fencing import Fencing
 from controller.claims.holdings import Holdings
 from controller.claims.scheduler import SchedulerActivity
@@ -66,6 +75,10 @@ class ConflictHold:
             return
         others = {c.other: self.holdings.claims.get(c.other) for c in found}
         what = ", ".join(f"{'/'.join(c.device)} also allocated to claim {c.other}" for c in found)
+        if CONFLICT_ANNOTATION in annotations_of(claim) and reserved_for(claim):
+            # Held, and a pod reserved it since: releasing would clear a claim in use
+            # while the device is shared. It stays held (the node refuses to prepare it).
+            raise RequeueAfter(2.0, "held claim in use: waiting for the other claim")
         if not all(should_yield(key, claim, other) for other in others.values()):
             log.warning("allocation conflict, not yielding", claim=key, conflicts=what)
             await self.events.emit(
@@ -95,14 +108,23 @@ class ConflictHold:
             await self.events.emit(claim, "ResourceClaim", "Warning", "AllocationConflict", message)
         raise RequeueAfter(2.0, "allocation conflict: waiting for the other claim")
 
-    async def release(self, key: str, claim: Obj, allocation: Obj) -> None:
+    async def release(self, key: str, claim: Obj, allocation: Obj) -> Obj | None:
         """A held claim whose devices no other claim holds: give it back, allocate again.
 
         Only while the scheduler is quiet: the clear is a removal the scheduler applies
         to its set, harmless now that nobody else holds the devices, unless a scheduling
         cycle hands one out at the same moment. Raises :class:`RequeueAfter` (to allocate
-        again, or to wait); returns if the claim is gone.
+        again, or to wait); returns None if the claim is gone, or, if a pod uses it, the
+        claim with the hold lifted (nothing is removed, so the scheduler need not be quiet).
         """
+        if reserved_for(claim):
+            require_leader(self.is_leader, f"claim {key}")
+            lifted = await self.client.merge_patch(
+                claim_path(key),
+                {"metadata": {"annotations": {CONFLICT_ANNOTATION: None, STATUS_ANNOTATION: None}}},
+            )
+            log.info("held claim in use keeps its allocation: hold lifted", claim=key)
+            return lifted
         quiet, why = self.scheduler.quiet()
         if not quiet:
             raise RequeueAfter(1.0, f"held claim waits for a quiet scheduler: {why}")
@@ -114,7 +136,7 @@ class ConflictHold:
         )
         cleared = await self.holdings.clear(key, claim)
         if cleared is None:
-            return
+            return None
         await self.fencing.after_removal(key, allocation, revision(cleared))
         self.stats.yielded += 1
         log.info("held claim gave its allocation back", claim=key)

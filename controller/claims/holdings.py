@@ -39,15 +39,19 @@ class Holdings:
             allocation = self.inflight[key][0]
         return allocation
 
+    def reserve(self, key: str, allocation: Obj) -> None:
+        """Count ``allocation``'s devices as taken by ``key`` before it is written."""
+        self.state.add(key, allocation)
+        self.inflight[key] = (allocation, None)
+
     async def write(self, key: str, claim: Obj, allocation: Obj) -> Obj:
         """Write ``allocation`` into the claim (at its resourceVersion); returns the claim.
 
-        The devices are taken before the first await, so no other worker takes them; a
-        failed write gives them back unless the informer meanwhile shows the claim
-        allocated.
+        The devices are taken (:meth:`reserve`, if the caller did not already) before the
+        first await, so no other worker takes them; a failed write gives them back unless
+        the informer meanwhile shows the claim allocated.
         """
-        self.state.add(key, allocation)
-        self.inflight[key] = (allocation, None)
+        self.reserve(key, allocation)
         try:
             written = await self.client.merge_patch(
                 claim_path(key) + "/status",

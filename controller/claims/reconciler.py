@@ -11,7 +11,9 @@ owns, one concept each:
 * :class:`~controller.claims.conflicts.ConflictHold`: our claim found sharing a device
   with another claim is held, then given back and allocated again;
 * :class:`~controller.claims.fencing.Fencing`: fence claims repair the scheduler's
-  allocated-device set after a device loses one of two holders.
+  allocated-device set after a device loses one of two holders;
+* :class:`~controller.claims.worker.AllocationWorker`: the allocator's search, in a child
+  process within a wall-clock budget, so that it never blocks the event loop.
 
 The pure parts are in :mod:`controller.claims.allocation` and
 :mod:`controller.claims.fences`.
@@ -19,6 +21,8 @@ The pure parts are in :mod:`controller.claims.allocation` and
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import Callable, Iterable
 
 from controller.claims import fences
@@ -41,8 +45,10 @@ from controller.claims.fencing import Fencing
 from controller.claims.holdings import Holdings
 from controller.claims.scheduler import SchedulerActivity
 from controller.claims.stats import AllocationStats
+from controller.claims.worker import AllocationAnswer, AllocationJob, AllocationWorker, Inventory
 from controller.leadership import require_leader
-from dradriver.allocator import Allocator, SliceInventory, claim_key, explain, summarize
+from dradriver.allocator import claim_key, node_info
+from dradriver.allocator.core import OUT_OF_TIME
 from dradriver.api import parameters as params
 from dradriver.api.wellknown import CONFLICT_ANNOTATION
 from dradriver.k8s.client import KubeClient
@@ -92,6 +98,8 @@ class ClaimReconciler:
         quiet_period: float = 0.3,
         fence_namespace: str = "dradriver",
         removal_quiet: float = 2.0,
+        worker: AllocationWorker | None = None,
+        allocation_timeout: float = 10.0,
     ) -> None:
         self.client = client
         self.driver = driver
@@ -129,7 +137,16 @@ class ClaimReconciler:
         )
         self.unallocatable: set[str] = set()
         self.failures: dict[str, int] = {}
-        self._allocator: Allocator | None = None
+        # The search runs in a child process; one job at a time from this reconciler, so
+        # that each one's snapshot of the holdings includes what the previous one took.
+        self.worker = worker if worker is not None else AllocationWorker()
+        self.allocation_timeout = allocation_timeout
+        self._allocation_turn = asyncio.Lock()
+        self._inventory: Inventory | None = None
+        self._inventory_generation = 0
+        # Claims whose search ran out of budget: not searched again before this time
+        # (monotonic), whatever event enqueues them; each search would cost a budget.
+        self.out_of_budget: dict[str, float] = {}
         self._params_error_logged: dict[str, str] = {}
         claims.add_handler(
             on_add=self._claim_changed,
@@ -146,12 +163,18 @@ class ClaimReconciler:
     # --- caches -------------------------------------------------------------------------
 
     def _inventory_changed(self, obj: Obj) -> None:
-        self._allocator = None
+        self._inventory = None
 
-    def allocator(self) -> Allocator:
-        if self._allocator is None:
-            self._allocator = Allocator(SliceInventory(self.slices.items(), self.classes.items()))
-        return self._allocator
+    def inventory(self) -> Inventory:
+        """The slices and classes to allocate from, as the worker takes them."""
+        if self._inventory is None:
+            self._inventory_generation += 1
+            self._inventory = Inventory(
+                self._inventory_generation,
+                tuple(self.slices.items()),
+                tuple(self.classes.items()),
+            )
+        return self._inventory
 
     def _ours(self, key: str) -> bool:
         claim = self.claims.get(key)
@@ -187,6 +210,7 @@ class ClaimReconciler:
         self.fencing.note_removal(key, fences.removed_devices(claim, None), revision(claim))
         self.holdings.inflight.pop(key, None)
         self.failures.pop(key, None)
+        self.out_of_budget.pop(key, None)
         self.scheduler.forget(key)
         self.unallocatable.discard(key)
         self.events.forget(uid_of(claim))
@@ -257,7 +281,10 @@ class ClaimReconciler:
         if allocation:
             await self.conflicts.check(key, claim, allocation)
             if CONFLICT_ANNOTATION in annotations_of(claim):
-                await self.conflicts.release(key, claim, allocation)
+                lifted = await self.conflicts.release(key, claim, allocation)
+                if lifted is None:
+                    return  # gone
+                claim = lifted
             await self._settled(key, claim)
             return
         if key in self.holdings.inflight:
@@ -277,22 +304,25 @@ class ClaimReconciler:
         await self._allocate(key, claim, request)
 
     async def _allocate(self, key: str, claim: Obj, request: Request) -> None:
+        retry_at = self.out_of_budget.get(key)
+        if retry_at is not None and time.monotonic() < retry_at:
+            raise RequeueAfter(retry_at - time.monotonic(), "the last search ran out of budget")
         self.scheduler.wait_before_allocating(key)
-        allocator = self.allocator()
-        nodes = self.nodes.items()
         effective = effective_claim(claim, request)  # the parameters' count and selectors
-        outcome = allocator.allocate([effective], self.holdings.state, nodes=nodes)
-        if not outcome.ok or outcome.allocations is None:
-            rows = explain(allocator, effective, self.holdings.state, nodes=nodes, outcome=outcome)
-            await self._failed(
-                key, claim, summarize(rows) or outcome.error or "cannot be allocated"
+        allocation: Obj | None = None
+        async with self._allocation_turn:
+            job = AllocationJob(
+                effective,
+                self.holdings.state.copy(),
+                tuple(node_info(n) for n in self.nodes.items()),
+                self.allocation_timeout,
             )
+            answer = await self.worker.allocate(job, self.inventory())
+            if answer.allocation is not None:
+                allocation = self._take(key, answer, request)
+        if allocation is None:
+            await self._failed(key, claim, self._failure_message(answer), answer.exhausted)
             return
-        allocation = with_timestamp(outcome.allocations[0], now_rfc3339())
-        config = (allocation.get("devices") or {}).get("config")
-        if config:
-            allocation["devices"]["config"] = pin_config(self.driver, config, request)
-        self._check_leader(key)
         written = await self.holdings.write(key, claim, allocation)
         self.stats.allocated += 1
         devices = [
@@ -311,18 +341,62 @@ class ClaimReconciler:
         await self.conflicts.check(key, written, allocation)
         await self._settled(key, written)
 
+    def _take(self, key: str, answer: AllocationAnswer, request: Request) -> Obj:
+        """The answer's allocation, its devices taken in the holdings before any await.
+
+        The search ran on a snapshot, for up to the budget: what changed meanwhile is
+        checked again here (the scheduler became busy, the informer showed another claim
+        taking one of the devices).
+        """
+        assert answer.allocation is not None
+        allocation = with_timestamp(answer.allocation, now_rfc3339())
+        config = (allocation.get("devices") or {}).get("config")
+        if config:
+            allocation["devices"]["config"] = pin_config(self.driver, config, request)
+        self.scheduler.wait_before_allocating(key)
+        taken = conflicts(key, allocation, self.holdings.state)
+        if taken:
+            raise RequeueAfter(0.0, f"{taken[0].other} took a device during the search")
+        self._check_leader(key)
+        self.holdings.reserve(key, allocation)
+        return allocation
+
+    def _failure_message(self, answer: AllocationAnswer) -> str:
+        if answer.exhausted == OUT_OF_TIME:
+            return (
+                f"no allocation found within the {self.allocation_timeout:g} s allocation "
+                "budget (--allocation-timeout); retrying with backoff"
+            )
+        return answer.message or "cannot be allocated"
+
     async def _settled(self, key: str, claim: Obj) -> None:
         self.failures.pop(key, None)
+        self.out_of_budget.pop(key, None)
         self.unallocatable.discard(key)
         if STATUS_ANNOTATION in annotations_of(claim):
             self._check_leader(key)
             await self._patch(key, {"metadata": {"annotations": {STATUS_ANNOTATION: None}}})
 
-    async def _failed(self, key: str, claim: Obj, message: str) -> None:
+    async def _failed(
+        self, key: str, claim: Obj, message: str, exhausted: str | None = None
+    ) -> None:
+        """Report why the claim cannot be allocated, and retry with backoff.
+
+        ``exhausted``: the search ran out of its time or step budget; until the backoff
+        delay has passed, the claim is not searched again (see :meth:`_allocate`).
+        """
         self.unallocatable.add(key)
         self.stats.failed += 1
         delay = self._backoff(key)
-        log.info("claim cannot be allocated", claim=key, reason=message, retry_in=delay)
+        if exhausted is not None:
+            self.out_of_budget[key] = time.monotonic() + delay
+        log.info(
+            "claim cannot be allocated",
+            claim=key,
+            reason=message,
+            retry_in=delay,
+            out_of_budget=exhausted or "",
+        )
         if annotations_of(claim).get(STATUS_ANNOTATION) != message:
             self._check_leader(key)
             await self._patch(key, {"metadata": {"annotations": {STATUS_ANNOTATION: message}}})

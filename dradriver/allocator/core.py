@@ -20,13 +20,17 @@ Differences from the scheduler, on purpose:
   ``abort_on_cel_error=True`` for that behaviour.
 * Claim configs that name several requests are copied once (the scheduler copies such a
   config once per named request).
-* The search stops after ``max_steps`` recursion steps (the scheduler has its 10 s Filter
-  timeout instead).
+* The search stops after ``max_steps`` recursion steps per node, and, when
+  :meth:`Allocator.allocate` gets a ``deadline`` (a :func:`time.monotonic` time), once
+  that has passed, over all the nodes it tries (the scheduler has its 10 s Filter timeout
+  per node instead). An attempt stopped either way names the budget in
+  :attr:`Outcome.exhausted`.
 """
 
 from __future__ import annotations
 
 import copy
+import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -82,6 +86,15 @@ class _OutOfSteps(Exception):
     pass
 
 
+class _OutOfTime(Exception):
+    pass
+
+
+OUT_OF_STEPS, OUT_OF_TIME = "steps", "time"
+"""Values of :attr:`Outcome.exhausted`: which budget stopped the search."""
+_CLOCK_EVERY = 256  # steps between two looks at the clock (a look costs as much as a step)
+
+
 @dataclass
 class Outcome:
     """The result of :meth:`Allocator.allocate`.
@@ -97,6 +110,9 @@ class Outcome:
     steps: int = 0
     nodes_tried: list[str | None] = field(default_factory=list)
     node_dependent_error: bool = False
+    exhausted: str | None = None
+    """``"steps"`` or ``"time"`` when that budget stopped the search without a result (on
+    at least one node: the claim may still fit, given more search)."""
 
     @property
     def ok(self) -> bool:
@@ -267,6 +283,8 @@ class Allocator:
         state: AllocatedState | None = None,
         node: Mapping[str, Any] | NodeInfo | str | None = None,
         nodes: Sequence[Mapping[str, Any] | NodeInfo | str] | None = None,
+        *,
+        deadline: float | None = None,
     ) -> Outcome:
         """Allocate ``claims`` together.
 
@@ -274,12 +292,14 @@ class Allocator:
         devices usable without a node (``allNodes``/``nodeSelector`` pools, no
         ``bindsToNode``), whose merged node selector must match one of ``nodes`` when they
         are given; then, if ``nodes`` are given, each of them in name order until one fits.
+        ``deadline``: the :func:`time.monotonic` time the whole call stops searching at, over
+        all nodes (the wall-clock budget of one allocation).
         """
         state = state if state is not None else AllocatedState()
         if node is not None:
-            return self._attempt(claims, state, node_info(node))
+            return self._attempt(claims, state, node_info(node), deadline)
         infos = sorted((node_info(n) for n in nodes or ()), key=lambda n: n.name)
-        outcome = self._attempt(claims, state, None)
+        outcome = self._attempt(claims, state, None, deadline)
         if outcome.ok and outcome.allocations is not None:
             selectors = [a.get("nodeSelector") for a in outcome.allocations]
             if not infos or all(
@@ -288,29 +308,37 @@ class Allocator:
                 return outcome
             # The devices usable without a node reach none of the given nodes.
             outcome = Outcome(steps=outcome.steps, nodes_tried=[None])
-        if outcome.error is not None and not outcome.node_dependent_error:
+        if outcome.exhausted == OUT_OF_TIME or (
+            outcome.error is not None and not outcome.node_dependent_error
+        ):
             return outcome
         tried: list[str | None] = [None]
         steps = outcome.steps
         error = outcome.error
+        exhausted = outcome.exhausted
         for info in infos:
-            attempt = self._attempt(claims, state, info)
+            attempt = self._attempt(claims, state, info, deadline)
             steps += attempt.steps
             tried.append(info.name)
-            if attempt.ok:
+            exhausted = attempt.exhausted or exhausted
+            if attempt.ok or attempt.exhausted == OUT_OF_TIME:
                 attempt.steps, attempt.nodes_tried = steps, tried
-                return attempt
+                return attempt  # out of time: the next nodes would be too
             if attempt.error is not None:
                 if not attempt.node_dependent_error:
                     attempt.steps, attempt.nodes_tried = steps, tried
                     return attempt
                 error = error or attempt.error
-        return Outcome(error=error, steps=steps, nodes_tried=tried)
+        return Outcome(error=error, steps=steps, nodes_tried=tried, exhausted=exhausted)
 
     def _attempt(
-        self, claims: Sequence[Mapping[str, Any]], state: AllocatedState, node: NodeInfo | None
+        self,
+        claims: Sequence[Mapping[str, Any]],
+        state: AllocatedState,
+        node: NodeInfo | None,
+        deadline: float | None = None,
     ) -> Outcome:
-        run = _Run(self, claims, state, node)
+        run = _Run(self, claims, state, node, deadline)
         try:
             run.prepare()
             done = run.one(0, 0, 0, 0, False, 0)
@@ -327,6 +355,15 @@ class Allocator:
                 steps=run.steps,
                 nodes_tried=[run.node_name],
                 node_dependent_error=True,
+                exhausted=OUT_OF_STEPS,
+            )
+        except _OutOfTime:
+            return Outcome(
+                error="search ran out of time without a result",
+                steps=run.steps,
+                nodes_tried=[run.node_name],
+                node_dependent_error=True,
+                exhausted=OUT_OF_TIME,
             )
         except _MaxSize:
             done = False
@@ -368,6 +405,7 @@ class _Run:
         claims: Sequence[Mapping[str, Any]],
         state: AllocatedState,
         node: NodeInfo | None,
+        deadline: float | None = None,
     ) -> None:
         self.allocator = allocator
         self.inventory = allocator.inventory
@@ -386,6 +424,7 @@ class _Run:
         self.results: list[list[_Result]] = [[] for _ in claims]
         self.steps = 0
         self.max_steps = allocator.max_steps
+        self.deadline = deadline
 
     # --- preparation --------------------------------------------------------------------
 
@@ -543,6 +582,12 @@ class _Run:
         self.steps += 1
         if self.steps > self.max_steps:
             raise _OutOfSteps
+        if (
+            self.deadline is not None
+            and self.steps % _CLOCK_EVERY == 0
+            and time.monotonic() > self.deadline
+        ):
+            raise _OutOfTime
         if ci >= len(self.claims):
             return True
         per_claim = self.requests[ci]

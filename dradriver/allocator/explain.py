@@ -78,6 +78,7 @@ def explain(
     *,
     drivers: Collection[str] | None = None,
     outcome: Outcome | None = None,
+    deadline: float | None = None,
 ) -> list[ExplainRow]:
     """Rows explaining the allocation of ``claim`` (see the module docstring).
 
@@ -85,6 +86,7 @@ def explain(
     ``node``/``nodes`` as for :meth:`Allocator.allocate`; for the claim of a pod the
     scheduler could not place, pass every node as ``nodes``. ``drivers`` limits device rows
     to those drivers. ``outcome`` is a previous :meth:`Allocator.allocate` result to reuse.
+    ``deadline``: the :func:`time.monotonic` time the searches it runs stop at.
     """
     allocator = inventory if isinstance(inventory, Allocator) else Allocator(inventory)
     inv = allocator.inventory
@@ -94,7 +96,7 @@ def explain(
         state = state.copy()
         state.remove(key)
     if outcome is None:
-        outcome = allocator.allocate([claim], state, node=node, nodes=nodes)
+        outcome = allocator.allocate([claim], state, node=node, nodes=nodes, deadline=deadline)
     if outcome.ok and outcome.allocations is not None:
         return _allocated_rows(key, outcome)
     context = _Context(inv, state, node, nodes, drivers)
@@ -144,7 +146,9 @@ def explain(
     if outcome.error is not None and not any(r.verdict == ERROR for r in rows):
         rows.append(ExplainRow(key, "", "", "", "", ERROR, outcome.error, "error"))
     elif satisfiable_alone and requests:
-        rows.extend(_claim_rows(key, claim, constraints, allocator, state, node, nodes, context))
+        rows.extend(
+            _claim_rows(key, claim, constraints, allocator, state, node, nodes, context, deadline)
+        )
     return rows
 
 
@@ -416,16 +420,27 @@ def _claim_rows(
     node: Mapping[str, Any] | NodeInfo | str | None,
     nodes: Sequence[Mapping[str, Any] | NodeInfo | str] | None,
     context: _Context,
+    deadline: float | None = None,
 ) -> list[ExplainRow]:
     def attempt(keep: int) -> Outcome:
         trimmed = copy.deepcopy(dict(claim))
         raw = trimmed.setdefault("spec", {}).setdefault("devices", {})
         raw["constraints"] = list((raw.get("constraints") or [])[:keep])
-        return allocator.allocate([trimmed], state, node=node, nodes=nodes)
+        return allocator.allocate([trimmed], state, node=node, nodes=nodes, deadline=deadline)
 
-    if constraints and attempt(0).ok:
+    def stopped(outcome: Outcome) -> list[ExplainRow]:
+        # Out of budget: no verdict about the constraints can be given.
+        return [ExplainRow(key, "", "", "", "", ERROR, str(outcome.error), "error")]
+
+    first = attempt(0) if constraints else None
+    if first is not None and first.exhausted is not None:
+        return stopped(first)
+    if first is not None and first.ok:
         for keep in range(1, len(constraints) + 1):
-            if not attempt(keep).ok:
+            trial = attempt(keep)
+            if trial.exhausted is not None:
+                return stopped(trial)
+            if not trial.ok:
                 constraint = constraints[keep - 1]
                 return [
                     ExplainRow(

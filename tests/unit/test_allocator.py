@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 import uuid
 from decimal import Decimal
 from typing import Any
@@ -848,6 +849,25 @@ def test_search_budget() -> None:
     outcome = allocator.allocate([c], AllocatedState(), node=NODE_1)
     assert outcome.error is not None and "search stopped after 50 steps" in outcome.error
     assert Allocator(SliceInventory(slices, [GPU])).allocate([c], node=NODE_1).unsatisfiable
+    assert outcome.exhausted == "steps"
+
+
+def test_time_budget_stops_the_search_and_the_remaining_nodes() -> None:
+    # The search above, on two nodes, with a deadline already past: the first look at the
+    # clock stops it, and the second node is not tried (it would be out of time too).
+    devices = [device(f"d{i}", {"v": i % 4}) for i in range(16)]
+    slices = [node_slice("node-1", devices), node_slice("node-2", devices)]
+    c = claim("c", request("g", count=5), constraints=[{"distinctAttribute": f"{DRIVER}/v"}])
+    allocator = Allocator(SliceInventory(slices, [GPU]))
+    nodes = [NODE_1, node("node-2")]
+    outcome = allocator.allocate([c], AllocatedState(), nodes=nodes, deadline=time.monotonic() - 1)
+    assert outcome.exhausted == "time" and not outcome.ok
+    assert outcome.error == "search ran out of time without a result"
+    assert outcome.nodes_tried == [None, "node-1"]
+    # Without a deadline the same search ends, unsatisfiable, on both nodes.
+    outcome = allocator.allocate([c], AllocatedState(), nodes=nodes)
+    assert outcome.unsatisfiable and outcome.exhausted is None
+    assert outcome.nodes_tried == [None, "node-1", "node-2"]
 
 
 def test_one_shot_helper() -> None:

@@ -335,3 +335,20 @@ def test_network_pool_unreachable_from_candidates() -> None:
         by_device(rows)[("fabric", "nic")].reason
         == "no node matches the node selector of its slice"
     )
+
+
+def test_a_deadline_stops_the_searches_of_an_explanation() -> None:
+    # Five distinct values of v among four: the search with the constraint is exhaustive.
+    slices = [node_slice("node-1", [device(f"d{i}", {"v": i % 4}) for i in range(16)])]
+    allocator = Allocator(SliceInventory(slices, [GPU]))
+    c = claim("c", request("g", count=5), constraints=[{"distinctAttribute": f"{DRIVER}/v"}])
+    outcome = allocator.allocate([c], node=node("node-1"))
+    assert outcome.unsatisfiable
+    rows = explain(allocator, c, node=node("node-1"), outcome=outcome)
+    assert "cannot be satisfied together" in summarize(rows)
+    # The explanation tries the claim again with and without the constraint: out of time,
+    # it says so instead of blaming the constraint.
+    rows = explain(allocator, c, node=node("node-1"), outcome=outcome, deadline=0.0)
+    assert rows[-1] == ExplainRow(
+        "ns/c", "", "", "", "", "error", "search ran out of time without a result", "error"
+    )

@@ -11,7 +11,7 @@ from typing import Any, cast
 import pytest
 
 from controller.claims import fences as fence
-from controller.claims.allocation import ALLOCATION_ANNOTATION, FINALIZER
+from controller.claims.allocation import ALLOCATION_ANNOTATION, FINALIZER, STATUS_ANNOTATION
 from controller.claims.reconciler import ClaimReconciler
 from dradriver.allocator import AllocatedState, DeviceID
 from dradriver.api.wellknown import CONFLICT_ANNOTATION
@@ -304,6 +304,39 @@ def test_conflict_holds_our_claim_and_the_device_is_fenced_when_the_other_goes()
     rig.sync("ns/a")
     asyncio.run(rig.rec(fk))
     assert rig.fence() is None and rig.rec.stats.fences_deleted == 1
+
+
+def test_a_held_claim_a_pod_reserved_stays_held_then_keeps_its_device() -> None:
+    """The scheduler reserved our held claim for a pod that names it (it does not read our
+    annotation): the node refuses to prepare it while the other claim holds the device.
+    It is neither released nor cleared then (a clear is a removal while the device is
+    shared); once the device is ours alone, the hold is lifted and the pod can use it."""
+    rig = Rig(removal_quiet=0)
+    rig.store(claim("b", D))
+    a = claim("a", D, ours=True)
+    a["metadata"]["annotations"] = {
+        CONFLICT_ANNOTATION: "gpu.example.com/node-1/dev-0 also allocated to claim ns/b",
+        STATUS_ANNOTATION: "held unused",
+        ALLOCATION_ANNOTATION: "Immediate",
+    }
+    a["status"]["reservedFor"] = [{"resource": "pods", "name": "user", "uid": "pod-uid"}]
+    rig.store(a)
+    before = len(rig.api.history)
+    with pytest.raises(RequeueAfter, match="in use"):
+        asyncio.run(rig.rec("ns/a"))
+    assert claim_writes(rig.api, before) == []  # still held, still allocated
+
+    rig.drop("ns/b")
+    rig.sync("ns/b")
+    before = len(rig.api.history)
+    asyncio.run(rig.rec("ns/a"))
+    assert claim_writes(rig.api, before) == [("patch", "ns/a")]  # no clear
+    lifted = rig.api.stored(path_of("ns/a"))
+    assert lifted is not None
+    annotations = lifted["metadata"].get("annotations") or {}
+    assert CONFLICT_ANNOTATION not in annotations and STATUS_ANNOTATION not in annotations
+    assert lifted["status"]["allocation"] == a["status"]["allocation"]
+    assert rig.rec.stats.yielded == 0
 
 
 def test_a_held_claim_waits_for_a_quiet_scheduler() -> None:

@@ -42,6 +42,7 @@ def test_defaults() -> None:
     [
         (["--http-address", "nowhere"], "--http-address"),
         (["--workers", "0"], "--workers"),
+        (["--allocation-timeout", "0"], "--allocation-timeout must be a positive number"),
         (["--renew-deadline", "20"], "lease_duration must be greater than renew_deadline"),
         (["--retry-period", "9"], "renew_deadline must be greater than retry_period"),
     ],

@@ -1,0 +1,349 @@
+"""Allocation off the event loop: a child process that runs the allocator, within a budget.
+
+The allocator's search is CPU-bound pure Python, and cel-expr-python holds the GIL while
+it evaluates: run on the controller's event loop, one unsatisfiable claim (``count: 17``
+with a ``distinctAttribute`` over 16 values) kept the loop busy for 17-28 s, longer than
+the apiserver's webhook timeout and the Lease's renew deadline. In a thread the loop runs
+again, but shares the GIL with the search: webhook reviews measured 23 ms at the median,
+77 ms at worst while a search ran, against 6 ms and 47 ms with the search in a child
+process (2-CPU dev VM). So allocations run in a child process
+(:func:`main`), one at a time, and the event loop only awaits the answer.
+
+* **Budget**: each job carries its wall-clock budget; the child gives the allocator that
+  deadline (checked every few hundred search steps) and answers ``exhausted="time"``
+  when it passes. A child that does not answer within the budget plus
+  :data:`KILL_GRACE` (a selector stuck in C, a CEL worker timing out repeatedly) is
+  killed, and the next job starts a new one.
+* **Inventory**: the child keeps the :class:`~dradriver.allocator.Allocator` of the last
+  inventory it was sent (with its selector-result cache); a job sends the ResourceSlices
+  and DeviceClasses again only when their generation changed or the child is new.
+* **Cancellation**: a job whose awaiting coroutine is cancelled (leadership lost,
+  shutdown) kills the child: nobody wants its answer.
+
+Protocol on the child's stdin and (a duplicate of) its stdout: frames of an 8-byte
+big-endian length and a pickle. The parent sends ``(inventory or None, job)``; the child
+answers an :class:`AllocationAnswer` per job, after a first ``("ready", pid)``. The child
+evaluates callback selectors through :mod:`dradriver.cel.worker` as any allocator does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import pickle
+import select
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, BinaryIO
+
+from dradriver.allocator import (
+    AllocatedState,
+    Allocator,
+    NodeInfo,
+    SliceInventory,
+    explain,
+    summarize,
+)
+from dradriver.allocator.core import OUT_OF_TIME
+from dradriver.k8s.objects import Obj
+from dradriver.log import get_logger
+
+__all__ = [
+    "KILL_GRACE",
+    "AllocationAnswer",
+    "AllocationJob",
+    "AllocationWorker",
+    "Inventory",
+    "WorkerStats",
+    "main",
+    "run_job",
+]
+
+log = get_logger("controller")
+
+KILL_GRACE = 10.0
+"""Seconds past its budget a job may take before the child is killed (one CEL worker
+evaluation may take 5 s before it is stopped; the inventory is unpickled and indexed)."""
+START_TIMEOUT = 60.0
+_CHILD = "from controller.claims.worker import main; main()"
+_HEADER = 8
+
+
+@dataclass(frozen=True)
+class Inventory:
+    """The ResourceSlices and DeviceClasses to allocate from; ``generation`` names them."""
+
+    generation: int
+    slices: tuple[Obj, ...]
+    classes: tuple[Obj, ...]
+
+
+@dataclass(frozen=True)
+class AllocationJob:
+    """One claim to allocate against a snapshot of what is held, within ``budget`` s."""
+
+    claim: Obj
+    state: AllocatedState
+    nodes: tuple[NodeInfo, ...]
+    budget: float
+
+
+@dataclass(frozen=True)
+class AllocationAnswer:
+    """The allocation, or why not (``message``, the explanation's summary).
+
+    ``exhausted``: ``"time"`` when the budget ran out, ``"steps"`` when the allocator's
+    step budget did (on some node), else None.
+    """
+
+    allocation: Obj | None
+    message: str = ""
+    exhausted: str | None = None
+    seconds: float = 0.0
+
+
+@dataclass
+class WorkerStats:
+    jobs: int = 0
+    starts: int = 0
+    kills: int = 0  # over budget, cancelled, or broken
+    inventories_sent: int = 0
+
+
+def run_job(allocator: Allocator, job: AllocationJob) -> AllocationAnswer:
+    """Allocate ``job`` with ``allocator`` (in the child), explaining a failure."""
+    started = time.monotonic()
+    deadline = started + job.budget
+    outcome = allocator.allocate([job.claim], job.state, nodes=job.nodes, deadline=deadline)
+    if outcome.ok and outcome.allocations is not None:
+        return AllocationAnswer(outcome.allocations[0], seconds=time.monotonic() - started)
+    if outcome.exhausted == OUT_OF_TIME:
+        message = outcome.error or "out of time"
+    else:
+        rows = explain(
+            allocator, job.claim, job.state, nodes=job.nodes, outcome=outcome, deadline=deadline
+        )
+        message = summarize(rows) or outcome.error or "cannot be allocated"
+    return AllocationAnswer(None, message, outcome.exhausted, seconds=time.monotonic() - started)
+
+
+class WorkerError(RuntimeError):
+    """The child did not answer (exit, garbage); the message says how."""
+
+
+class _Timeout(WorkerError):
+    pass
+
+
+def _frame(message: Any) -> bytes:
+    payload = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+    return len(payload).to_bytes(_HEADER, "big") + payload
+
+
+class AllocationWorker:
+    """Runs :class:`AllocationJob` s in a child process, one at a time (FIFO).
+
+    :meth:`allocate` is a coroutine for any event loop; the blocking pipe I/O happens in
+    one thread of its own, so jobs from several loops queue behind each other.
+    """
+
+    def __init__(self, grace: float = KILL_GRACE, command: Sequence[str] | None = None) -> None:
+        self.grace = grace
+        self.command = list(command or [sys.executable, "-c", _CHILD])
+        self.stats = WorkerStats()
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix="allocation-worker")
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._generation: int | None = None  # the inventory the child holds
+        self._buffer = b""
+        self._interrupted: int | None = None  # the child killed by a cancellation
+
+    async def allocate(self, job: AllocationJob, inventory: Inventory) -> AllocationAnswer:
+        """The child's answer; a child that fails or overruns is an answer too, not raised."""
+        loop = asyncio.get_running_loop()
+        abandoned = threading.Event()
+        future = loop.run_in_executor(self._executor, self._roundtrip, job, inventory, abandoned)
+        try:
+            return await asyncio.shield(future)
+        except asyncio.CancelledError:
+            # Nobody wants the answer: the round trip ends (or is skipped) at once.
+            abandoned.set()
+            self._interrupt()
+            raise
+
+    async def close(self) -> None:
+        """Stop the child (it exits at the end of its input) and the I/O thread."""
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(self._executor, self._stop, False)
+        self._executor.shutdown(wait=False)
+
+    @property
+    def pid(self) -> int | None:
+        proc = self._proc
+        return proc.pid if proc is not None else None
+
+    # --- in the I/O thread --------------------------------------------------------------
+
+    def _roundtrip(
+        self, job: AllocationJob, inventory: Inventory, abandoned: threading.Event
+    ) -> AllocationAnswer:
+        if abandoned.is_set():
+            return AllocationAnswer(None, "abandoned")
+        self.stats.jobs += 1
+        started = time.monotonic()
+        try:
+            if self._proc is None or self._proc.poll() is not None:
+                self._start()
+            if abandoned.is_set():  # cancelled meanwhile
+                return AllocationAnswer(None, "abandoned")
+            send = inventory if self._generation != inventory.generation else None
+            self._write(_frame((send, job)))
+            if send is not None:
+                self.stats.inventories_sent += 1
+                self._generation = inventory.generation
+            reply = self._read(job.budget + self.grace)
+        except _Timeout:
+            self._stop(kill=True)
+            log.warning(
+                "allocation worker overran its budget: stopped",
+                budget=job.budget,
+                grace=self.grace,
+            )
+            return AllocationAnswer(
+                None,
+                f"no answer within the budget of {job.budget:g} s (stopped)",
+                OUT_OF_TIME,
+                seconds=time.monotonic() - started,
+            )
+        except WorkerError as e:
+            self._stop(kill=True)
+            return AllocationAnswer(None, f"the allocating process failed: {e}")
+        if not isinstance(reply, AllocationAnswer):
+            self._stop(kill=True)
+            return AllocationAnswer(None, f"the allocating process answered {reply!r}")
+        return reply
+
+    def _start(self) -> None:
+        self._stop(kill=True)
+        self._proc = subprocess.Popen(
+            self.command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, close_fds=True
+        )
+        self._buffer = b""
+        self._generation = None
+        self.stats.starts += 1
+        ready = self._read(START_TIMEOUT)
+        if not (isinstance(ready, tuple) and ready[:1] == ("ready",)):
+            raise WorkerError(f"it did not start: {ready!r}")
+
+    def _interrupt(self) -> None:
+        """Kill the child from another thread; the I/O thread sees its exit and cleans up."""
+        proc = self._proc
+        if proc is not None and proc.returncode is None and proc.pid != self._interrupted:
+            self._interrupted = proc.pid  # counted once, here, not again by _stop
+            self.stats.kills += 1
+            with contextlib.suppress(OSError):
+                proc.kill()
+
+    def _stop(self, kill: bool) -> None:
+        proc, self._proc = self._proc, None
+        self._generation = None
+        if proc is None:
+            return
+        if kill and proc.poll() is None:
+            if proc.pid != self._interrupted:
+                self.stats.kills += 1
+            proc.kill()
+        with contextlib.suppress(OSError):
+            if proc.stdin is not None:
+                proc.stdin.close()  # the child's end of input: it exits
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()
+
+    def _write(self, data: bytes) -> None:
+        proc = self._proc
+        assert proc is not None and proc.stdin is not None
+        try:
+            proc.stdin.write(data)
+            proc.stdin.flush()
+        except OSError as e:
+            raise self._failure(f"could not send to it: {e}") from None
+
+    def _read(self, timeout: float) -> Any:
+        proc = self._proc
+        assert proc is not None and proc.stdout is not None
+        fd = proc.stdout.fileno()
+        deadline = time.monotonic() + timeout
+        need = _HEADER
+        while True:
+            if len(self._buffer) >= _HEADER:
+                need = _HEADER + int.from_bytes(self._buffer[:_HEADER], "big")
+                if len(self._buffer) >= need:
+                    break
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise _Timeout(f"no answer within {timeout:g} s")
+            readable, _, _ = select.select([fd], [], [], left)
+            if not readable:
+                continue
+            chunk = os.read(fd, max(1 << 16, need - len(self._buffer)))
+            if not chunk:
+                raise self._failure("it exited")
+            self._buffer += chunk
+        payload, self._buffer = self._buffer[_HEADER:need], self._buffer[need:]
+        try:
+            return pickle.loads(payload)
+        except Exception as e:
+            raise self._failure(f"unreadable answer: {e}") from None
+
+    def _failure(self, what: str) -> WorkerError:
+        proc = self._proc
+        code = proc.poll() if proc is not None else None
+        return WorkerError(what + (f" (exit status {code})" if code is not None else ""))
+
+
+def _read_frame(stream: BinaryIO) -> Any | None:
+    header = stream.read(_HEADER)
+    if len(header) < _HEADER:
+        return None  # the parent closed our input (or died): done
+    payload = stream.read(int.from_bytes(header, "big"))
+    return pickle.loads(payload)
+
+
+def main() -> None:
+    """The child: answer jobs from stdin until it closes."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is for the controller to handle
+    out = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)  # stray prints must not corrupt the protocol
+    out.write(_frame(("ready", os.getpid())))
+    out.flush()
+    allocator: Allocator | None = None
+    while True:
+        message = _read_frame(sys.stdin.buffer)
+        if message is None:
+            return
+        inventory, job = message
+        try:
+            if inventory is not None:
+                allocator = Allocator(SliceInventory(inventory.slices, inventory.classes))
+            if allocator is None:
+                raise RuntimeError("no inventory was sent")
+            answer = run_job(allocator, job)
+        except Exception as e:  # a bug must cost the claim, not the worker
+            answer = AllocationAnswer(None, f"allocation failed: {type(e).__name__}: {e}")
+        out.write(_frame(answer))
+        out.flush()
+
+
+if __name__ == "__main__":
+    main()
