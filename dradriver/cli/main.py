@@ -43,7 +43,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(plugins: Sequence[Any]) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="dradriver",
         description="dradriver: a Kubernetes DRA driver. This command runs the local "
@@ -73,7 +73,6 @@ def build_parser() -> argparse.ArgumentParser:
         'DeviceClasses name (device.driver == "...")',
     )
     explain.set_defaults(func=cmd_explain)
-    plugins = _plugins()
     for plugin in plugins:
         plugin.register(sub)
     if not plugins:
@@ -83,10 +82,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    plugins = _plugins()
+    args = build_parser(plugins).parse_args(argv)
     configure(args.log_level)
     errors: tuple[type[Exception], ...] = (ValueError, RuntimeError)
-    for plugin in _plugins():
+    for plugin in plugins:
         errors += tuple(plugin.ERRORS)
     try:
         code: int = args.func(args)
