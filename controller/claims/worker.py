@@ -3,10 +3,10 @@
 The allocator's search is CPU-bound pure Python, and cel-expr-python holds the GIL while
 it evaluates: run on the controller's event loop, one unsatisfiable claim (``count: 17``
 with a ``distinctAttribute`` over 16 values) kept the loop busy for 17-28 s, longer than
-the apiserver's webhook timeout and the Lease's renew deadline. In a thread the loop runs
-again, but shares the GIL with the search: webhook reviews measured 23 ms at the median,
-77 ms at worst while a search ran, against 6 ms and 47 ms with the search in a child
-process (2-CPU dev VM). So allocations run in a child process
+the apiserver's webhook timeout and the Lease's renew deadline (a review waited 17.9 s).
+In a thread the loop runs again, but shares the GIL with the search: webhook reviews
+measured 23 ms at the median, 77 ms at worst while a search ran, against 6 ms and 47 ms
+with the search in a child process (2-CPU dev VM). So allocations run in a child process
 (:func:`main`), one at a time, and the event loop only awaits the answer.
 
 * **Budget**: each job carries its wall-clock budget; the child gives the allocator that
