@@ -311,10 +311,10 @@ class ClaimReconciler:
         effective = effective_claim(claim, request)  # the parameters' count and selectors
         allocation: Obj | None = None
         async with self._allocation_turn:
-            job = AllocationJob(
+            job = AllocationJob.of(
                 effective,
-                self.holdings.state.copy(),
-                tuple(node_info(n) for n in self.nodes.items()),
+                self.holdings.state,
+                [node_info(n) for n in self.nodes.items()],
                 self.allocation_timeout,
             )
             answer = await self.worker.allocate(job, self.inventory())

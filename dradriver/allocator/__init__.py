@@ -31,7 +31,7 @@ from dradriver.allocator.core import (
 from dradriver.allocator.explain import ExplainRow, explain, format_table, summarize
 from dradriver.allocator.inventory import Device, Pool, SliceInventory
 from dradriver.allocator.nodes import NodeInfo, node_info, selector_matches
-from dradriver.allocator.state import AllocatedState, DeviceID, claim_key
+from dradriver.allocator.state import AllocatedState, DeviceID, Held, claim_key
 
 __all__ = [
     "MAX_RESULTS_PER_CLAIM",
@@ -41,6 +41,7 @@ __all__ = [
     "Device",
     "DeviceID",
     "ExplainRow",
+    "Held",
     "NodeInfo",
     "Outcome",
     "Pool",

@@ -14,14 +14,14 @@ with :meth:`AllocatedState.add`).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
 from dradriver.devices.quantity import QuantityError, parse_quantity
 
-__all__ = ["AllocatedState", "DeviceID", "claim_key", "qualify"]
+__all__ = ["AllocatedState", "DeviceID", "Held", "claim_key", "qualify"]
 
 DeviceID = tuple[str, str, str]
 """(driver, pool, device)."""
@@ -38,8 +38,10 @@ def claim_key(claim: Mapping[str, Any]) -> str:
     return f"{namespace}/{meta.get('name', '')}" if namespace else str(meta.get("name", ""))
 
 
-@dataclass
-class _Held:
+@dataclass(frozen=True)
+class Held:
+    """One device (or share of one) a claim holds, with the capacity it consumes."""
+
     device: DeviceID
     share_id: str | None
     consumed: dict[str, Decimal]
@@ -55,7 +57,9 @@ class AllocatedState:
     """Multi-allocatable devices: share ID → holding claim."""
     consumed: dict[DeviceID, dict[str, Decimal]] = field(default_factory=dict)
     """Capacity consumed on multi-allocatable devices (fully-qualified names)."""
-    _by_claim: dict[str, list[_Held]] = field(default_factory=dict, repr=False)
+    # Per claim, a tuple replaced (never changed) on every change: the identity of a
+    # claim's entry says whether it changed since a snapshot (see update()).
+    _by_claim: dict[str, tuple[Held, ...]] = field(default_factory=dict, repr=False)
 
     @classmethod
     def from_claims(cls, claims: Iterable[Mapping[str, Any]]) -> AllocatedState:
@@ -80,7 +84,7 @@ class AllocatedState:
         """Record the devices of ``allocation`` (an AllocationResult) as held by ``key``."""
         if key in self._by_claim:
             self.remove(key)
-        self._by_claim[key] = []
+        self._by_claim[key] = ()
         for result in (allocation.get("devices") or {}).get("results") or []:
             if result.get("adminAccess"):
                 continue
@@ -93,10 +97,26 @@ class AllocatedState:
                     consumed[qualify(name, driver)] = parse_quantity(str(value))
                 except QuantityError:
                     continue
-            self._hold(key, _Held(device, str(share_id) if share_id else None, consumed))
+            self._hold(key, Held(device, str(share_id) if share_id else None, consumed))
 
-    def _hold(self, key: str, held: _Held) -> None:
-        self._by_claim.setdefault(key, []).append(held)
+    def snapshot(self) -> dict[str, tuple[Held, ...]]:
+        """What each claim holds, now; cheap (the entries are shared, never changed)."""
+        return dict(self._by_claim)
+
+    def update(self, changed: Mapping[str, Sequence[Held]], removed: Iterable[str]) -> None:
+        """Make this state match another one, given what changed since the last update:
+        the new entries of ``changed`` claims (from its :meth:`snapshot`), and the claims
+        ``removed`` from it."""
+        for key in removed:
+            self.remove(key)
+        for key, held in changed.items():
+            self.remove(key)
+            self._by_claim[key] = ()
+            for item in held:
+                self._hold(key, item)
+
+    def _hold(self, key: str, held: Held) -> None:
+        self._by_claim[key] = (*self._by_claim.get(key, ()), held)
         if held.share_id is None:
             self.dedicated.setdefault(held.device, []).append(key)
             return
@@ -107,7 +127,7 @@ class AllocatedState:
 
     def remove(self, key: str) -> None:
         """Forget what claim ``key`` holds (it was deallocated)."""
-        for held in self._by_claim.pop(key, []):
+        for held in self._by_claim.pop(key, ()):
             if held.share_id is None:
                 holders = self.dedicated.get(held.device, [])
                 if key in holders:

@@ -9,9 +9,11 @@ pods get scheduled (the claim reserved for them), they never start.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import shutil
 import tempfile
+import threading
 import uuid
 from collections import Counter
 from collections.abc import Iterator
@@ -31,8 +33,10 @@ from devtools.harness.controller import (
     install_crds,
     namespaced_controller,
 )
+from devtools.harness.nodeplugin import NodePlugin, node_slices, start_node_plugin, wait_for_slices
 from dradriver.api import parameters as params
 from dradriver.api.wellknown import CONFLICT_ANNOTATION
+from dradriver.k8s.client import KubeClient, connection_from_files
 from dradriver.k8s.objects import Obj
 from dradriver.k8s.paths import RESOURCE_V1, path_for
 
@@ -417,13 +421,125 @@ def test_restart_between_finalizer_and_allocation_recovers(
             proc.stop()
 
 
+def in_use(claim: Obj) -> bool:
+    """A claim a pod can use right now: reserved for it, and not held after a conflict.
+
+    An allocated claim no pod has reserved cannot be prepared (the kubelet prepares only
+    the claims reserved for its pods), and the node plugin refuses a held one.
+    """
+    return bool((claim.get("status") or {}).get("reservedFor")) and bool(usable([claim]))
+
+
+class ClaimWatch:
+    """Every version of a namespace's ResourceClaims, from a watch in a thread of its own.
+
+    After each event it checks the README's promise on the claims as they are at that
+    version: no device is held by two claims in use (:func:`in_use`). It also records the
+    versions at which a device is held by two claims not held after a conflict, one of
+    them unreserved: the moment between the controller's write and its hold (they must
+    be resolved by the end of a round, which the test asserts on the API).
+    """
+
+    def __init__(self, local_cluster: LocalCluster, namespace: str) -> None:
+        layout = local_cluster.layout
+        self.conn = connection_from_files(
+            layout.apiserver_url,
+            layout.pki / "ca.crt",
+            layout.pki / "admin.crt",
+            layout.pki / "admin.key",
+        )
+        self.path = path_for(R, "resourceclaims", namespace)
+        self.claims: dict[str, Obj] = {}
+        self.versions = 0
+        self.violations: list[str] = []
+        self.transient: list[str] = []
+        self.error: BaseException | None = None
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._run, name="claim-watch", daemon=True)
+        self._task: asyncio.Task[None] | None = None
+        self._listed = threading.Event()
+
+    def __enter__(self) -> ClaimWatch:
+        self._thread.start()
+        if not self._listed.wait(30):
+            raise TimeoutError("the claim watch did not start")
+        if self.error is not None:
+            raise self.error
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._task is not None:
+            self._loop.call_soon_threadsafe(self._task.cancel)
+        self._thread.join(30)
+
+    def _run(self) -> None:
+        async def main() -> None:
+            self._task = asyncio.current_task()
+            try:
+                await self._watch()
+            except asyncio.CancelledError:
+                pass
+            except BaseException as e:  # reported by the test
+                self.error = e
+                self._listed.set()
+
+        self._loop.run_until_complete(main())
+        self._loop.close()
+
+    async def _watch(self) -> None:
+        client = KubeClient(self.conn, "dradriver-test-claim-watch")
+        try:
+            listed = await client.list(self.path)
+            self.claims = {c["metadata"]["name"]: c for c in listed.get("items", [])}
+            rv = listed["metadata"]["resourceVersion"]
+            self._listed.set()
+            while True:  # the server ends a watch after its timeout: resume
+                async for event in client.watch(self.path, rv):
+                    obj = event.get("object") or {}
+                    if event.get("type") == "ERROR":
+                        raise RuntimeError(f"claim watch failed: {obj}")
+                    rv = obj["metadata"]["resourceVersion"]
+                    if event.get("type") == "BOOKMARK":
+                        continue
+                    name = obj["metadata"]["name"]
+                    if event.get("type") == "DELETED":
+                        self.claims.pop(name, None)
+                    else:
+                        self.claims[name] = obj
+                    self.versions += 1
+                    self._check(rv)
+        finally:
+            await client.aclose()
+
+    def _check(self, rv: str) -> None:
+        claims = list(self.claims.values())
+        used = Counter(d for c in claims if in_use(c) for d in devices_of(c))
+        for device, n in used.items():
+            if n > 1:
+                holders = [c["metadata"]["name"] for c in claims if device in devices_of(c)]
+                self.violations.append(f"rv {rv}: {device} in use by {holders}")
+        held = Counter(d for c in usable(claims) for d in devices_of(c))
+        for device, n in held.items():
+            if n > 1 and used[device] <= 1:
+                holders = [c["metadata"]["name"] for c in usable(claims) if device in devices_of(c)]
+                self.transient.append(f"rv {rv}: {device} held by {holders}")
+
+    def check(self) -> None:
+        """Raise if the watch failed or saw a device in use by two claims."""
+        if self.error is not None:
+            raise AssertionError(f"the claim watch failed: {self.error!r}")
+        assert not self.violations, self.violations
+
+
 def test_controller_and_scheduler_race_for_a_small_pool(
-    api: AdminAPI, namespace: str, running: ControllerProcess
+    api: AdminAPI, local_cluster: LocalCluster, namespace: str, running: ControllerProcess
 ) -> None:
+    """4 immediate claims and 4 pods for 2 devices, 3 rounds: no device is ever in use by
+    two claims (checked at every version of the claims), and any double holding the race
+    produces is resolved (a held claim, unusable, or given back) by the end of a round."""
     immediate, pods, rounds = 4, 4, 3
-    doubles_seen = 0
     held_claims: set[str] = set()
-    with Rig(api, namespace, devices=2) as rig:
+    with Rig(api, namespace, devices=2) as rig, ClaimWatch(local_cluster, namespace) as watch:
         rig.template("tpl")
         try:
             for n in range(rounds):
@@ -434,12 +550,10 @@ def test_controller_and_scheduler_race_for_a_small_pool(
                         rig.pod(f"r{n}-pod-{i}", {"resourceClaimTemplateName": "tpl"})
 
                 def settled() -> list[Obj] | None:
-                    nonlocal doubles_seen
+                    watch.check()  # fail at once, not at the timeout
                     claims = api.items(path_for(R, "resourceclaims", namespace))
                     held = Counter(d for c in usable(claims) for d in devices_of(c))
-                    doubles = sum(1 for count in held.values() if count > 1)
-                    doubles_seen += doubles
-                    if doubles:
+                    if any(count > 1 for count in held.values()):
                         return None  # the controller must resolve it: wait (or time out)
                     pod_list = api.items(path_for("v1", "pods", namespace))
                     if len(pod_list) < pods:
@@ -471,7 +585,7 @@ def test_controller_and_scheduler_race_for_a_small_pool(
                             print(line[:400])
                     raise
                 held = Counter(d for c in usable(claims) for d in devices_of(c))
-                assert all(count == 1 for count in held.values()), held  # never two holders
+                assert all(count == 1 for count in held.values()), held  # resolved
                 assert len(held) == 2
                 for c in claims:
                     annotations = c["metadata"].get("annotations") or {}
@@ -490,24 +604,45 @@ def test_controller_and_scheduler_race_for_a_small_pool(
                 rig.delete_all()
                 # A fence lives only while another claim holds its device: none is left.
                 wait_until("fences deleted", lambda: not fences_of(api, rig.driver), DEADLINE)
-            # Transient doubles are resolved by the controller giving its allocation back;
-            # none may be left at the end of a round (asserted above).
-            print(f"double allocations observed while settling: {doubles_seen}")
+                watch.check()
+            # Every claim the controller held after a conflict (its AllocationConflict
+            # events, in the API) let go of the device in the end, given back or
+            # deallocated, and each of those clears was followed by the check for other
+            # holders of its devices (fenced if one was left).
+            held_ever = {
+                e["involvedObject"]["name"]
+                for e in api.items(path_for("v1", "events", namespace))
+                if e.get("reason") == "AllocationConflict" and "held unused" in e["message"]
+            }
             text = running.log_path.read_text()
-            lines = text.splitlines()
-            yields = text.count("gave the allocation back")
-            checks = [line for line in lines if "fence check after removal" in line]
-            fenced = [line for line in lines if "fence allocated" in line and rig.driver in line]
-            print(f"allocations the controller gave back after a conflict: {yields}")
-            print(f"claims held after a conflict at the end of a round: {sorted(held_claims)}")
-            print(f"fence allocations written: {len(fenced)}")
-            for line in lines:
-                if "fence" in line or "gave the allocation back" in line:
-                    print(line[:600])
-            # Every give-back (and deallocation) looked for the device's other holders and
-            # fenced it if one was left (what the fence did is asserted above: none is left
-            # once the claims are gone, and no double allocation at the end of a round).
-            assert len(checks) >= yields, text[-4000:]
+
+            def per_claim(message: str) -> Counter[str]:
+                found: Counter[str] = Counter()
+                for line in text.splitlines():
+                    if f'msg="{message}"' in line:
+                        claim = line.split(" claim=", 1)[1].split(" ", 1)[0]
+                        if claim.startswith(f"{namespace}/"):
+                            found[claim.split("/", 1)[1]] += 1
+                return found
+
+            gave_back = per_claim("held claim gave its allocation back")
+            deallocated = per_claim("claim deallocated")
+            checked = per_claim("fence check after removal")
+            print(
+                f"claim versions watched: {watch.versions}; devices held by two claims not "
+                f"held (one unreserved) at some version: {len(watch.transient)}; "
+                f"claims held after a conflict: {sorted(held_ever)} "
+                f"(at the end of a round: {sorted(held_claims)}); given back: "
+                f"{sum(gave_back.values())}; deallocated: {sum(deallocated.values())}"
+            )
+            for line in watch.transient:
+                print(line)
+            assert held_claims <= held_ever
+            for name in held_ever:
+                assert gave_back[name] + deallocated[name] >= 1, (name, text[-4000:])
+            for name in set(gave_back) | set(deallocated):
+                assert checked[name] >= gave_back[name] + deallocated[name], (name, checked)
+            checks = [line for line in text.splitlines() if "fence check after removal" in line]
             # (A fence deletion may wait for a quiet scheduler; anything else is a failure.)
             assert not [line for line in checks if "failed" in line and "waits" not in line], checks
         finally:
@@ -621,3 +756,154 @@ def test_conflict_is_held_then_fenced_and_reallocated(
         finally:
             rig.delete_all()
             api.delete(path_for(R, "resourceclaimtemplates", namespace, "tpl"))
+
+
+HELD_DRIVER = "heldclaim.dradriver.dev"
+
+
+@pytest.fixture
+def held_plugin(api: AdminAPI, local_cluster: LocalCluster) -> Iterator[NodePlugin]:
+    """dradriver's kubelet plugin on node-1 for a driver of its own, with one device."""
+    work = Path("/tmp/dradriver-test-heldclaim")
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(mode=0o700)
+    config = work / "config.yaml"
+    config.write_text(
+        json.dumps(
+            {
+                "driverName": HELD_DRIVER,
+                "sources": [
+                    {
+                        "static": {
+                            "mockDir": str(work / "mock"),
+                            "devices": [{"namePrefix": "dev", "count": 1}],
+                        }
+                    }
+                ],
+            }
+        )
+    )
+    api.delete(path_for(R, "deviceclasses", name=HELD_DRIVER))
+    api.create(
+        path_for(R, "deviceclasses"),
+        {
+            "metadata": {"name": HELD_DRIVER},
+            "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{HELD_DRIVER}"'}}]},
+        },
+    )
+    plugin = start_node_plugin(local_cluster, api, config, work, node=NODE, driver=HELD_DRIVER)
+    try:
+        wait_for_slices(api, NODE, HELD_DRIVER, 1)
+        yield plugin
+    finally:
+        plugin.stop()
+        for s in node_slices(api, NODE, HELD_DRIVER):
+            api.delete(path_for(R, "resourceslices", name=s["metadata"]["name"]))
+        api.delete(path_for(R, "deviceclasses", name=HELD_DRIVER))
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def test_the_node_plugin_refuses_to_prepare_a_held_claim(
+    api: AdminAPI, namespace: str, running: ControllerProcess, held_plugin: NodePlugin
+) -> None:
+    """A claim held after a conflict is not usable: a pod that names it is scheduled (the
+    scheduler does not read our annotation) but the node plugin refuses to prepare it,
+    which the kubelet reports as the pod's FailedPrepareDynamicResources event naming the
+    conflict. Once the other claim is gone, the hold is lifted and the pod runs."""
+    claims = path_for(R, "resourceclaims", namespace)
+
+    def claim(name: str, immediate: bool) -> None:
+        meta: Obj = {"name": name}
+        if immediate:
+            meta["annotations"] = {ALLOCATION_ANNOTATION: "Immediate"}
+        spec = {
+            "devices": {"requests": [{"name": "r", "exactly": {"deviceClassName": HELD_DRIVER}}]}
+        }
+        api.create(claims, {"metadata": meta, "spec": spec})
+
+    def get(name: str) -> Obj:
+        return api.get(path_for(R, "resourceclaims", namespace, name))
+
+    def annotations(name: str) -> dict[str, str]:
+        return get(name)["metadata"].get("annotations") or {}
+
+    def pod_running() -> bool:
+        pod = api.get_or_none(path_for("v1", "pods", namespace, "user")) or {}
+        return bool((pod.get("status") or {}).get("phase") == "Running")
+
+    def pod_events() -> list[Obj]:
+        return api.items(
+            path_for("v1", "events", namespace),
+            fieldSelector="involvedObject.name=user,involvedObject.kind=Pod",
+        )
+
+    try:
+        claim("ours", immediate=True)
+        ours = wait_until(
+            "ours allocated",
+            lambda: (lambda c: c if devices_of(c) else None)(get("ours")),
+            DEADLINE,
+        )
+        allocation = ours["status"]["allocation"]
+        claim("theirs", immediate=False)
+        api.merge_patch(
+            path_for(R, "resourceclaims", namespace, "theirs") + "/status",
+            {"status": {"allocation": allocation}},
+        )
+        wait_until("ours held", lambda: CONFLICT_ANNOTATION in annotations("ours"), DEADLINE)
+
+        api.create(
+            path_for("v1", "pods", namespace),
+            {
+                "metadata": {"name": "user"},
+                "spec": {
+                    "terminationGracePeriodSeconds": 0,
+                    "resourceClaims": [{"name": "c", "resourceClaimName": "ours"}],
+                    "containers": [
+                        {
+                            "name": "c",
+                            "image": "registry.k8s.io/pause:3.10",
+                            "resources": {"claims": [{"name": "c"}]},
+                        }
+                    ],
+                },
+            },
+        )
+
+        def refused(times: int) -> Obj | None:
+            for event in pod_events():
+                failed = event["reason"] == "FailedPrepareDynamicResources"
+                if failed and (event.get("count") or 1) >= times:
+                    return event
+            return None
+
+        # One kubelet prepare retry after the Node authorizer's lag.
+        event = wait_until("the pod's FailedPrepareDynamicResources", lambda: refused(1), 90)
+        message = event["message"]
+        assert "is held by dradriver-controller after an allocation conflict" in message, message
+        assert f"also allocated to claim {namespace}/theirs" in message, message
+        # The kubelet retries: refused again, the claim still held (a pod reserved it, but
+        # the device is still shared: neither released nor lifted), not running.
+        wait_until("refused again, or running", lambda: refused(2) or pod_running(), 90)
+        assert not pod_running(), "the pod runs on a device another claim holds"
+        held = get("ours")
+        assert held["status"]["reservedFor"][0]["name"] == "user"
+        assert devices_of(held) == devices_of(ours)
+        assert CONFLICT_ANNOTATION in held["metadata"]["annotations"]  # still held
+
+        # The other claim goes: the device is ours alone, the hold is lifted (the claim in
+        # use keeps its allocation) and the kubelet's next retry prepares it.
+        api.delete(path_for(R, "resourceclaims", namespace, "theirs"))
+        wait_until("hold lifted", lambda: CONFLICT_ANNOTATION not in annotations("ours"), DEADLINE)
+        assert devices_of(get("ours")) == devices_of(ours)
+        wait_until("pod running", pod_running, 90)
+    finally:
+        api.request("DELETE", path_for("v1", "pods", namespace, "user"), {"gracePeriodSeconds": 0})
+        for name in ("theirs", "ours"):
+            api.delete(path_for(R, "resourceclaims", namespace, name))
+        wait_until(
+            "pod and claims gone",
+            lambda: not api.items(path_for("v1", "pods", namespace)) and not api.items(claims),
+            DEADLINE,
+        )
+        wait_until("fence deleted", lambda: not fences_of(api, HELD_DRIVER), DEADLINE)

@@ -23,6 +23,7 @@ from devtools.cluster.api import AdminAPI
 from devtools.cluster.local import LocalCluster
 from devtools.cluster.wait import wait_until
 from devtools.harness.controller import NAMESPACE, ControllerProcess, controller_kubeconfig
+from dradriver.api.wellknown import CONFLICT_ANNOTATION
 from dradriver.k8s.objects import Obj
 from dradriver.k8s.paths import RESOURCE_V1, path_for
 from tests.cluster.test_controller_allocation import DEADLINE, Rig, describe, devices_of
@@ -132,15 +133,34 @@ def test_standby_finishes_allocating_after_the_leader_is_killed(
             # each allocation once its write returned (one worker: at most one write was
             # in flight when it died, which may have landed unlogged).
             by_leader = leader.log_path.read_text().count('msg="claim allocated"')
-            standby_log = standby.log_path.read_text()
-            by_standby = standby_log.count('msg="claim allocated"')
+            by_standby = standby.log_path.read_text().count('msg="claim allocated"')
             print(
                 f"allocated when the leader was killed: {at_kill} seen, {after_kill} after; "
                 f"by the leader: {by_leader}, by the standby: {by_standby}"
             )
             assert by_standby >= 1
             assert CLAIMS - 1 <= by_leader + by_standby <= CLAIMS, (by_leader, by_standby)
-            assert "gave the allocation back" not in standby_log
+
+            # The same in the API: each replica posts an Allocated event per allocation it
+            # wrote, so a claim allocated by both would have two (the write in flight at
+            # the kill may have landed without its event). And no conflict: neither
+            # replica ever found a device of its claims held by another claim.
+            def events() -> list[Obj]:
+                return api.items(path_for("v1", "events", namespace))
+
+            def allocated_events() -> Counter[str] | None:
+                found = Counter(
+                    e["involvedObject"]["name"] for e in events() if e["reason"] == "Allocated"
+                )
+                return found if sum(found.values()) >= CLAIMS - 1 else None
+
+            per_claim = wait_until("Allocated events", allocated_events, DEADLINE)
+            assert all(n == 1 for n in per_claim.values()), per_claim
+            conflicts = [e["message"] for e in events() if e["reason"] == "AllocationConflict"]
+            assert not conflicts, conflicts
+            assert not any(
+                CONFLICT_ANNOTATION in (c["metadata"].get("annotations") or {}) for c in final
+            )
 
             rig.delete_all()  # the standby deallocates and removes its finalizer
         finally:

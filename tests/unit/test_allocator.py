@@ -874,3 +874,23 @@ def test_one_shot_helper() -> None:
     taken = allocated_claim("other", {"devices": {"results": [result("gpu-0", "node-1")]}})
     outcome = allocate([gpus()], [GPU], [claim("c", request("g"))], [taken], node="node-1")
     assert picked(outcome) == [("g", "gpu-1")]
+
+
+def test_a_state_follows_another_from_the_changes_of_its_snapshots() -> None:
+    def results(*devices: str) -> dict[str, Any]:
+        return {"devices": {"results": [result(d, "node-1") for d in devices]}}
+
+    source, copy = AllocatedState(), AllocatedState()
+    source.add("ns/a", results("gpu-0"))
+    source.add("ns/b", results("gpu-1", "gpu-2"))
+    before = source.snapshot()
+    copy.update(before, [])
+    source.add("ns/b", results("gpu-3"))  # changed
+    source.remove("ns/a")
+    source.add("ns/c", results("gpu-0"))
+    after = source.snapshot()
+    changed = {k: v for k, v in after.items() if before.get(k) is not v}
+    assert set(changed) == {"ns/b", "ns/c"}  # an unchanged entry is the same object
+    copy.update(changed, [k for k in before if k not in after])
+    assert copy.dedicated == source.dedicated
+    assert copy.holders(("gpu.alloc.test", "node-1", "gpu-0")) == ["ns/c"]

@@ -51,9 +51,7 @@ def pathological(name: str = "patho", count: int = 17) -> Obj:
 
 
 def job(claim: Obj, budget: float = 60.0, state: AllocatedState | None = None) -> AllocationJob:
-    return AllocationJob(
-        claim, state or AllocatedState(), tuple(node_info(n) for n in NODES), budget
-    )
+    return AllocationJob.of(claim, state or AllocatedState(), [node_info(n) for n in NODES], budget)
 
 
 INVENTORY = Inventory(1, slices(), (GPU,))
@@ -69,6 +67,10 @@ def worker() -> Iterator[AllocationWorker]:
     shared = AllocationWorker()
     yield shared
     run(shared.close())
+
+
+def result_for(pool: str, device: str) -> Obj:
+    return {"request": "r", "driver": DRIVER, "pool": pool, "device": device}
 
 
 def devices_of(allocation: Obj) -> list[tuple[str, str]]:
@@ -92,6 +94,12 @@ def test_allocates_in_a_child_that_keeps_its_inventory(worker: AllocationWorker)
         assert answer.allocation is not None
         assert devices_of(answer.allocation) == [("node-1", "dev-16"), ("node-1", "dev-17")]
         assert worker.stats.inventories_sent == sent + 1  # the child kept it
+        # The child's copy of the holdings follows removals and changes too.
+        state.remove("ns/first")
+        state.add("ns/other", {"devices": {"results": [result_for("node-1", "dev-0")]}})
+        answer = await worker.allocate(job(pathological("b", count=2), state=state), INVENTORY)
+        assert answer.allocation is not None
+        assert devices_of(answer.allocation) == [("node-1", "dev-1"), ("node-1", "dev-2")]
         changed = Inventory(2, slices(per_node=2), (GPU,))
         answer = await worker.allocate(job(pathological(count=2)), changed)
         assert answer.allocation is not None
@@ -259,13 +267,7 @@ def test_a_device_taken_during_the_search_is_not_written() -> None:
             # Meanwhile the informer shows another claim taking the device it will find.
             other = pathological("other", count=1)
             other["status"] = {
-                "allocation": {
-                    "devices": {
-                        "results": [
-                            {"request": "r", "driver": DRIVER, "pool": "node-1", "device": "dev-0"}
-                        ]
-                    }
-                }
+                "allocation": {"devices": {"results": [result_for("node-1", "dev-0")]}}
             }
             rig.claims.apply(other)
             os.kill(worker.pid, signal.SIGCONT)
