@@ -392,7 +392,8 @@ class LocalCluster:
     def _start_containerd(
         self, node: NodeLayout, runtime: RuntimeBinaries, state: ClusterState
     ) -> containerd.Containerd:
-        """Configure and start ``node``'s containerd, with the images it needs imported."""
+        """Configure and start ``node``'s containerd (its images are imported by the caller,
+        once the process is in the state file: a failed import must not leave it running)."""
         assert node.containerd is not None
         ctrd = node.containerd
         node.cdi_dir.mkdir(parents=True, exist_ok=True, mode=0o755)
@@ -408,7 +409,6 @@ class LocalCluster:
         name = runtime_component(node)
         handle = containerd.start(ctrd, runtime.bin_dir, timeout=60, name=name)
         state.cgroups_before[name] = list(handle.cgroups_before)
-        images.import_images(runtime.bin_dir / "ctr", str(ctrd.address), runtime.images.values())
         return handle
 
     def _start(
@@ -570,6 +570,10 @@ class LocalCluster:
                 running.append(handle.process)
                 state.components.append(handle.process.record)
                 state.save(layout.state_file)
+                # Before the kubelet starts: it would try to pull them.
+                images.import_images(
+                    runtime.bin_dir / "ctr", str(handle.layout.address), runtime.images.values()
+                )
                 mark(f"containerd-{node.name}")
             else:
                 node.cri_socket.parent.mkdir(parents=True, exist_ok=True, mode=0o700)

@@ -25,6 +25,7 @@ import pytest
 import yaml
 
 from devtools.cluster.api import AdminAPI
+from devtools.cluster.cri import CRIClient
 from devtools.cluster.images import PROBE_IMAGE
 from devtools.cluster.kubeletstate import kubelet_cdi_ids
 from devtools.cluster.local import LocalCluster
@@ -566,3 +567,28 @@ def test_after_the_cdi_dir_is_wiped_and_the_plugin_restarted_a_new_container_get
     second = report(api, namespace, "p", "c")
     assert_sees(second, node)
     assert second.env["DRADRIVER_CLAIM"] == claim_env(namespace, claim)
+
+
+def test_the_cri_client_sees_the_pod_sandboxes_teardown_will_remove(
+    api: AdminAPI, namespace: str, local_cluster: LocalCluster
+) -> None:
+    """What ``down`` removes through the CRI before containerd stops: every sandbox."""
+    # No claim pins it: node-2 (fake runtime) would do for the scheduler.
+    make_pod(
+        api,
+        namespace,
+        "p",
+        [probe_container("c", claim=False)],
+        nodeSelector={"kubernetes.io/hostname": NODE},
+    )
+    report(api, namespace, "p", "c")
+    uid = api.get(path_for("v1", "pods", namespace, "p"))["metadata"]["uid"]
+    ctrd = local_cluster.layout.node(1).containerd
+    assert ctrd is not None
+    with CRIClient(ctrd.address) as client:
+        conditions = {c.type: c.status for c in client.status()}
+        sandboxes = client.list_pod_sandboxes()
+    assert conditions["RuntimeReady"] and conditions["NetworkReady"]
+    [sandbox] = [s for s in sandboxes if s.uid == uid]
+    assert (sandbox.namespace, sandbox.name, sandbox.ready) == (namespace, "p", True)
+    assert len(sandbox.id) == 64
