@@ -311,18 +311,19 @@ async def api_errors_at_start(
     proxy = ClaimFaultProxy(cluster.layout.apiserver_url, cluster.layout.pki, free_port())
     proxy.start()
     try:
-        await start(plugin)
-        claims = claims_for(api, namespace, plugin, node, list(range(s.start_claims)))
-        client = DRAClient(plugin.dra_socket)
-        try:
-            await client.prepare(claims)
-        finally:
-            await client.close()
         faulty = proxy.kubeconfig(work / f"{node}.kubeconfig", cluster.layout.pki / "ca.crt")
         plugin.argv = [
             f"--kubeconfig={faulty}" if a.startswith("--kubeconfig=") else a for a in plugin.argv
         ]
+        await start(plugin)
+        claims = claims_for(api, namespace, plugin, node, list(range(s.start_claims)))
         for status in (503, 403):
+            # Prepared (again, if the last round tore them down) with no fault injected.
+            client = DRAClient(plugin.dra_socket)
+            try:
+                await client.prepare(claims)
+            finally:
+                await client.close()
             kill(plugin)
             with proxy_fault(proxy, status):
                 await start(plugin)
