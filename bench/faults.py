@@ -220,6 +220,7 @@ def claims_for(
 # --------------------------------------------------------------------------------------------
 
 RETRIES = 5
+RETRY_BACKOFF = 0.2  # seconds, growing linearly
 
 
 async def kill_during_prepares(
@@ -266,6 +267,8 @@ async def kill_during_prepares(
                 except (grpc.aio.AioRpcError, BenchError):
                     if attempt == RETRIES - 1:
                         failed += 1
+                    else:  # the kubelet's backoff between retries (its behaviour, not a wait)
+                        await asyncio.sleep(RETRY_BACKOFF * (attempt + 1))
         await client.close()
         kill(plugin)
         await start(plugin)  # the last restart: its reconcile is what is counted
