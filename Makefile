@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: all install protos kube-binaries runtime-binaries lint typecheck test test-unit test-grpc test-cluster demo clean
+.PHONY: all install protos kube-binaries runtime-binaries image lint typecheck test test-unit test-grpc test-cluster demo clean
 
 all: install
 
@@ -26,6 +26,12 @@ kube-binaries: install
 # like the kube binaries in ~/.cache/dradriver/runtime/.
 runtime-binaries: install
 	$(BIN)/python -m devtools.cluster.runtimebin
+
+# The dradriver image as an OCI archive in ~/.cache/dradriver/images/, built without a
+# registry or a container engine (Debian's packages + the wheel; needs root), cached by
+# content; `make image IMPORT=1` also loads it into the running local cluster's node-1.
+image: install
+	$(BIN)/python -m devtools.image build $(if $(IMPORT),--import)
 
 lint: install
 	$(BIN)/ruff check .
