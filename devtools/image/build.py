@@ -146,7 +146,7 @@ def _run(
     with open(log, "a") as out:
         out.write("$ " + " ".join(cmd) + "\n")
         out.flush()
-        proc = subprocess.Popen(
+        with subprocess.Popen(
             list(cmd),
             cwd=cwd,
             env=env,
@@ -154,13 +154,13 @@ def _run(
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
-        )
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            out.write(line)
-            if on_line is not None:
-                on_line(line)
-        code = proc.wait()
+        ) as proc:
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                out.write(line)
+                if on_line is not None:
+                    on_line(line)
+            code = proc.wait()
     if code != 0:
         tail = "\n".join(log.read_text().splitlines()[-25:])
         raise ImageError(f"{what} failed (exit {code}); the end of {log}:\n{tail}")
