@@ -43,8 +43,9 @@ typecheck: install
 
 # The README's test command: lint, import contracts, types, and every test tier
 # (the cluster tier with node-1 on the real runtime; DRADRIVER_RUNTIME=fake for
-# the fake one).
-test: lint typecheck kube-binaries runtime-binaries
+# the fake one). The image is built first, with its progress on the terminal, for
+# tests/cluster/test_image.py (a cache hit when the wheel's sources are unchanged).
+test: lint typecheck kube-binaries runtime-binaries image
 	$(BIN)/pytest tests
 
 test-unit: install
@@ -53,7 +54,7 @@ test-unit: install
 test-grpc: install
 	$(BIN)/pytest tests/grpc
 
-test-cluster: kube-binaries runtime-binaries
+test-cluster: kube-binaries runtime-binaries image
 	$(BIN)/pytest tests/cluster
 
 demo: kube-binaries runtime-binaries

@@ -44,8 +44,11 @@ from devtools.image.ociarchive import ContainerConfig, write_archive, write_dire
 
 # Bumped when this module changes what it puts into a layer.
 RECIPE_REVISION = "1"
-# The packaging inputs of the wheel, besides its packages' sources.
-PACKAGING_FILES = ("pyproject.toml", "setup.py", "README.md")
+# The packaging inputs of the wheel, besides its packages' sources. README.md (the
+# wheel's long description) is left out on purpose: the README changes with most
+# commits and nothing runs it, so an edit must not cost every checkout an image build;
+# a cached image's METADATA may carry an older description.
+PACKAGING_FILES = ("pyproject.toml", "setup.py")
 SOURCE_PACKAGES = ("dradriver", "controller", "kubeletplugin")
 SOURCE_SUFFIXES = (".py", ".proto", ".typed")
 # Every entry's mtime in the base layer (as the small test images use).

@@ -98,7 +98,7 @@ def test_an_archive_needs_a_tag_and_one_history_line_per_layer(tmp_path: Path) -
 
 def _checkout(root: Path) -> Path:
     repo = Path(__file__).resolve().parents[2]
-    for name in build.PACKAGING_FILES:
+    for name in (*build.PACKAGING_FILES, "README.md"):
         shutil.copy(repo / name, root / name)
     for package in build.SOURCE_PACKAGES:
         (root / package).mkdir()
@@ -114,7 +114,10 @@ def test_the_key_follows_the_wheels_sources_and_nothing_else(tmp_path: Path) -> 
     (root / "tests" / "test_x.py").write_text("x = 1\n")
     (root / "dradriver" / "__pycache__").mkdir()
     (root / "dradriver" / "__pycache__" / "m.cpython-311.pyc").write_bytes(b"\0")
-    assert build.image_key(name, root) == key  # tests and byte code are not in the wheel
+    with open(root / "README.md", "a") as readme:
+        readme.write("\nedited\n")
+    # Tests and byte code are not in the wheel; the README is left out on purpose.
+    assert build.image_key(name, root) == key
     (root / "controller" / "main.py").write_text("def main() -> None: ...\n")
     changed = build.image_key(name, root)
     assert changed != key
