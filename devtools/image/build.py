@@ -51,6 +51,9 @@ RECIPE_REVISION = "1"
 PACKAGING_FILES = ("pyproject.toml", "setup.py")
 SOURCE_PACKAGES = ("dradriver", "controller", "kubeletplugin")
 SOURCE_SUFFIXES = (".py", ".proto", ".typed")
+# How many image archives (most recently used first) and base layers the cache keeps.
+KEEP_IMAGES = 4
+KEEP_BASES = 2
 # Every entry's mtime in the base layer (as the small test images use).
 SOURCE_DATE_EPOCH = "946684800"
 
@@ -203,6 +206,7 @@ def base_layer(log: Path) -> Path:
     """The Debian layer, from the cache or built with mmdebstrap."""
     dest = images_dir() / f"{recipe.REPOSITORY}-base-{base_key()}.tar"
     if dest.exists():
+        os.utime(dest)  # used now (see prune)
         return dest
     mmdebstrap = _ensure_mmdebstrap(log)
     add_user = [f'--customize-hook=chroot "$1" {" ".join(cmd)}' for cmd in recipe.ADD_USER]
@@ -343,7 +347,31 @@ def _load_record(path: Path) -> BuiltImage | None:
         return None
     if image.path != path or not path.exists() or path.stat().st_size != image.size:
         return None
+    # Used now: pruning goes by last use, and keeps this one.
+    os.utime(path)
     return image
+
+
+def prune(keep: int = KEEP_IMAGES, keep_bases: int = KEEP_BASES) -> list[Path]:
+    """Delete all but the ``keep`` most recently used image archives (and bases); the deleted.
+
+    Every change of the wheel's sources makes a new ~300 MB archive; worktrees
+    and branches in use at once each keep theirs among the newest.
+    """
+    directory = images_dir()
+    removed: list[Path] = []
+    prefix = f"{recipe.REPOSITORY}-"
+    archives = [
+        p for p in directory.glob(prefix + "*.tar") if not p.name.startswith(prefix + "base-")
+    ]
+    bases = list(directory.glob(prefix + "base-*.tar"))
+    for group, count in ((archives, keep), (bases, keep_bases)):
+        group.sort(key=lambda p: p.stat().st_mtime, reverse=True)
+        for old in group[count:]:
+            for path in (old, old.with_suffix(".json"), old.with_suffix(".log")):
+                path.unlink(missing_ok=True)
+            removed.append(old)
+    return removed
 
 
 def ensure_image(name: str | None = None, root: Path | None = None) -> BuiltImage:
@@ -394,4 +422,5 @@ def _build(name: str, root: Path, dest: Path) -> BuiltImage:
             cached=False,
         )
     dest.with_suffix(".json").write_text(json.dumps(image.record(), indent=1) + "\n")
+    prune()
     return image

@@ -141,3 +141,30 @@ def test_a_cached_archive_is_found_by_its_record_and_a_torn_one_is_not(
     path.write_bytes(b"torn")  # a size other than the record's: not a hit
     assert build._load_record(path) is None
     assert recipe.REPOSITORY in path.name
+
+
+def test_pruning_keeps_the_most_recently_used_archives_and_bases(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("DRADRIVER_CACHE_DIR", str(tmp_path))
+    directory = tmp_path / "images"
+    directory.mkdir()
+    # The cluster's small test images share the dir and are never pruned.
+    other = directory / "dradriver.dev_probe_dev-1.tar"
+    other.write_bytes(b"")
+    for i in range(6):
+        for name in (f"dradriver-{i:016x}", f"dradriver-base-{i:016x}"):
+            for suffix in (".tar", ".json", ".log"):
+                (directory / (name + suffix)).write_text("")
+            os.utime(directory / (name + ".tar"), (1000 + i, 1000 + i))
+    os.utime(directory / f"dradriver-{0:016x}.tar")  # the oldest, but used just now
+    removed = build.prune(keep=2, keep_bases=1)
+    left = sorted(p.name for p in directory.iterdir())
+    assert left == sorted(
+        [
+            other.name,
+            *(f"dradriver-{i:016x}{s}" for i in (0, 5) for s in (".tar", ".json", ".log")),
+            *(f"dradriver-base-{5:016x}{s}" for s in (".tar", ".json", ".log")),
+        ]
+    )
+    assert len(removed) == 4 + 5
