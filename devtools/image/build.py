@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
+import importlib.metadata
 import json
 import os
 import shutil
@@ -264,8 +265,11 @@ def wheelhouse(dest: Path, log: Path, root: Path) -> Path:
     )
     tools = dest.parent / "tools"
     tools.mkdir()
+    # The pip that runs the install inside the image (and is not left there): the same
+    # version as this one, so that pip's cache has it and the result does not drift.
+    this_pip = f"pip=={importlib.metadata.version('pip')}"
     _run(
-        [*pip, "download", "--no-deps", "--only-binary=:all:", "-d", str(tools), "pip"],
+        [*pip, "download", "--no-deps", "--only-binary=:all:", "-d", str(tools), this_pip],
         log,
         "pip download pip",
         env=env,
