@@ -396,6 +396,15 @@ class NodeDriver:
             # A half-done attempt (crash or failure), or a stale recovered entry: undo it
             # before starting over.
             await self._teardown(claim, existing.uid)
+        if self.setup is None:
+            ids = await self._prepare_in_one_write(claim, planned, digest)
+            log.info(
+                "prepared",
+                claim=str(claim),
+                uid=claim.uid,
+                devices=",".join(p.cdi_name for p in planned),
+            )
+            return self._prepared(planned, ids)
         entries = self._ledger_devices(planned)
         try:
             await self._commits.run(
@@ -431,6 +440,48 @@ class NodeDriver:
             devices=",".join(p.cdi_name for p in planned),
         )
         return self._prepared(planned, ids)
+
+    async def _prepare_in_one_write(
+        self, claim: ClaimRef, planned: list[PlannedDevice], digest: str
+    ) -> dict[str, str]:
+        """Prepare a claim no setup hook works on: its CDI spec, then one durable ledger write.
+
+        Nothing outside the plugin changes before the kubelet gets the answer (the spec names
+        the claim UID, so no container can use it before then), so the two-phase entry buys
+        nothing here and would cost a second fsynced write. A crash between the spec and the
+        ledger write leaves a spec the ledger does not know: start-up adopts its claim if it is
+        still allocated here, else deletes it (:meth:`reconcile`). A refused or failed ledger
+        write removes the spec again.
+        """
+        cdi_devices = self._cdi_devices(claim, planned)
+        try:
+            check_host_device_nodes(cdi_devices)
+            ids = self.cdi.write_claim(claim.uid, cdi_devices)
+        except (OSError, ValueError) as e:
+            raise PrepareError(f"ResourceClaim {claim}: {e}") from e
+        entries = self._ledger_devices(planned, ids)
+        try:
+            await self._commits.run(
+                lambda: self.ledger.record_prepared(
+                    claim.uid, claim.namespace, claim.name, entries, digest
+                )
+            )
+        except BaseException as e:
+            try:
+                self.cdi.remove_claim(claim.uid)
+            except OSError as removing:
+                log.error(
+                    "removing the CDI spec of a failed prepare failed",
+                    claim=str(claim),
+                    error=str(removing),
+                )
+            if isinstance(e, DeviceBusy):
+                text = self.gate.explain_busy(e) if self.gate is not None else str(e)
+                raise PrepareError(f"ResourceClaim {claim}: {text}") from e
+            if isinstance(e, LedgerError | OSError):
+                raise PrepareError(f"ResourceClaim {claim}: {e}") from e
+            raise
+        return ids
 
     async def _adopt(
         self, claim: ClaimRef, planned: list[PlannedDevice], digest: str
@@ -509,8 +560,12 @@ class NodeDriver:
             self.cdi.remove_claim(uid)
             self.unconfirmed.discard(uid)
             return
-        await self._commits.run(lambda: self.ledger.begin_unprepare(uid))
         if self.teardown is not None:
+            # Without a teardown hook nothing is half done between the spec's removal and
+            # the ledger write: a crash there leaves a prepared entry without a spec, which
+            # start-up writes again (claim still allocated here; the kubelet then unprepares
+            # again) or tears down. So the "unpreparing" write is only for the hook.
+            await self._commits.run(lambda: self.ledger.begin_unprepare(uid))
             for d in entry.devices:
                 env = {
                     "DRADRIVER_DRIVER": self.driver_name,
