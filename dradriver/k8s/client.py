@@ -9,6 +9,7 @@ error type, so a request means the same thing whichever client sends it.
 from __future__ import annotations
 
 import json
+import os
 import ssl
 import threading
 import time
@@ -21,6 +22,7 @@ import httpx
 
 from dradriver.k8s.errors import KubeAPIError
 from dradriver.k8s.jsondecode import decode_list, decode_watch_event
+from dradriver.k8s.kubeconfig import read_static_kubeconfig
 from dradriver.k8s.objects import Obj
 from dradriver.log import get_logger
 
@@ -50,17 +52,43 @@ class Connection:
 
 
 def load_connection(kubeconfig: str | None = None) -> Connection:
-    """From a kubeconfig file if given (or $KUBECONFIG), else the in-cluster service account."""
-    # Imported lazily: processes that never call this do not carry the library in memory.
+    """From a kubeconfig file if given (or $KUBECONFIG), else the in-cluster service account.
+
+    The ``kubernetes`` client library (about 40 MiB that a process never gives back) is
+    imported only for a kubeconfig that needs its loader: exec plugins, OIDC and the
+    rest that :func:`~dradriver.k8s.kubeconfig.read_static_kubeconfig` leaves to it.
+    """
+    if not kubeconfig and (SA_DIR / "token").exists():
+        return _in_cluster_connection()
+    static = read_static_kubeconfig(kubeconfig)
+    if static is not None:
+        return Connection(server=static.server, tls=static.tls, token=static.token)
+    return _library_connection(kubeconfig)
+
+
+def _in_cluster_connection() -> Connection:
+    """The pod's service account: the apiserver from the service env, its CA, the token
+    file (re-read on every request, since projected tokens rotate)."""
+    host = os.environ.get("KUBERNETES_SERVICE_HOST", "")
+    port = os.environ.get("KUBERNETES_SERVICE_PORT", "")
+    if not host or not port.isdigit():
+        raise ValueError(
+            "in a pod without KUBERNETES_SERVICE_HOST and KUBERNETES_SERVICE_PORT; "
+            "pass --kubeconfig"
+        )
+    if ":" in host:  # an IPv6 address
+        host = f"[{host}]"
+    tls = ssl.create_default_context(cafile=str(SA_DIR / "ca.crt"))
+    return Connection(server=f"https://{host}:{port}", tls=tls, token_file=SA_DIR / "token")
+
+
+def _library_connection(kubeconfig: str | None) -> Connection:
+    """A kubeconfig loaded by the client library's loader, with its token refresh."""
+    # Imported lazily: processes that never get here do not carry the library in memory.
     from kubernetes import client, config
 
     cfg = client.Configuration()
-    if kubeconfig or not (SA_DIR / "token").exists():
-        config.load_kube_config(config_file=kubeconfig, client_configuration=cfg)
-        token_file = None
-    else:
-        config.load_incluster_config(client_configuration=cfg)
-        token_file = SA_DIR / "token"
+    config.load_kube_config(config_file=kubeconfig, client_configuration=cfg)
     tls = (
         ssl.create_default_context(cafile=cfg.ssl_ca_cert)
         if cfg.ssl_ca_cert
@@ -78,7 +106,7 @@ def load_connection(kubeconfig: str | None = None) -> Connection:
 
     token_source: Callable[[], str | None] | None = None
     refresh = cfg.refresh_api_key_hook
-    if token_file is None and refresh is not None:
+    if refresh is not None:
         # The loader's hook re-runs the exec plugin (or refreshes the OIDC token) once the
         # token it holds is expired or about to be (5 min skew), and only copies settings
         # otherwise; the client library calls it before every request, and so do we. The
@@ -94,7 +122,6 @@ def load_connection(kubeconfig: str | None = None) -> Connection:
     return Connection(
         server=cfg.host,
         tls=tls,
-        token_file=token_file,
         token=configured_token(),
         token_source=token_source,
     )
