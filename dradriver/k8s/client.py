@@ -139,6 +139,10 @@ MERGE_PATCH = "application/merge-patch+json"
 APPLY_PATCH = "application/apply-patch+yaml"
 # Reads may be watches, which the server holds open for up to timeoutSeconds (300).
 TIMEOUT = httpx.Timeout(30, read=330)
+# Keep as many idle connections as may be open: httpx keeps 20 by default, so after a
+# burst of concurrent requests (the kubelet's 100 NodePrepareResources calls, each with
+# its claim GET) the next burst paid a TLS handshake for most of them again.
+LIMITS = httpx.Limits(max_connections=100, max_keepalive_connections=100, keepalive_expiry=60)
 
 
 def _apply_params(field_manager: str, force: bool) -> dict[str, Any]:
@@ -158,6 +162,7 @@ class _Codec:
             "base_url": self._conn.server,
             "verify": self._conn.tls,
             "timeout": TIMEOUT,
+            "limits": LIMITS,
             "headers": {"User-Agent": self._user_agent},
         }
 
