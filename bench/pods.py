@@ -96,13 +96,16 @@ class Run:
 
 
 def kubelet_metrics(cluster: LocalCluster, node: NodeLayout) -> str:
+    """The kubelet's /metrics, through the apiserver's node proxy (the kubelet accepts the
+    apiserver's client certificate, not the admin's)."""
     pki = cluster.layout.pki
     with httpx.Client(
+        base_url=cluster.layout.apiserver_url,
         verify=str(pki / "ca.crt"),
         cert=(str(pki / "admin.crt"), str(pki / "admin.key")),
         timeout=30,
     ) as http:
-        resp = http.get(f"https://127.0.0.1:{node.port}/metrics")
+        resp = http.get(f"/api/v1/nodes/{node.name}/proxy/metrics")
         resp.raise_for_status()
         return resp.text
 
