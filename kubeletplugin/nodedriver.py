@@ -368,7 +368,7 @@ class NodeDriver:
         obj = await self._fetch_claim(claim)
         planned = self.plan(claim, obj)
         digest = self.digest(planned)
-        existing = self.ledger.get_claim(claim.uid)
+        existing = await self._commits.read(lambda: self.ledger.get_claim(claim.uid))
         if existing is not None and existing.state == "prepared":
             if existing.recovered and self._same_devices(existing, planned):
                 # Rebuilt from its CDI spec after the ledger was lost: set up already.
@@ -554,7 +554,7 @@ class NodeDriver:
         return ""
 
     async def _teardown(self, claim: ClaimRef, uid: str) -> None:
-        entry = self.ledger.get_claim(uid)
+        entry = await self._commits.read(lambda: self.ledger.get_claim(uid))
         if entry is None:
             # Never prepared here, or already done: the spec may still be an orphan.
             self.cdi.remove_claim(uid)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import multiprocessing
 import os
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, cast
@@ -210,3 +211,38 @@ def test_a_crash_after_the_spec_of_an_unprepare_tears_down_a_claim_that_is_gone(
     restarted = Plugin(tmp_path, claims=())  # deleted while the plugin was down
     assert asyncio.run(restarted.driver.reconcile()) == {**NOTHING, "torn_down": 1}
     assert restarted.ledger.claims() == [] and restarted.cdi.claim_uids_on_disk() == set()
+
+
+# ----- the event loop during a ledger write ----------------------------------------------
+
+
+def test_a_prepare_waits_for_a_ledger_write_in_progress_without_stopping_the_loop(
+    tmp_path: Path,
+) -> None:
+    """A write holds the ledger's lock through its fsyncs; the prepare's ledger read waits
+    for it in a worker thread, so the loop (other claims, gRPC, probes) goes on."""
+    plugin = Plugin(tmp_path)
+    entered, release = threading.Event(), threading.Event()
+    released: list[bool] = []
+
+    def write_in_progress() -> None:
+        with plugin.ledger.transaction():
+            entered.set()
+            released.append(release.wait(DEADLINE))
+
+    async def main() -> tuple[bool, PrepareResult]:
+        writer = threading.Thread(target=write_in_progress)
+        writer.start()
+        await asyncio.to_thread(entered.wait, DEADLINE)
+        prepare = asyncio.create_task(plugin.driver.prepare_claims([claim_ref(CLAIM)]))
+        for _ in range(50):  # the loop keeps turning while the prepare waits
+            await asyncio.sleep(0)
+        waited = not prepare.done()
+        release.set()  # run by the loop: with the loop stopped, the write would never end
+        outcome = (await prepare)[UID]
+        await asyncio.to_thread(writer.join, DEADLINE)
+        return waited, outcome
+
+    waited, outcome = asyncio.run(main())
+    assert waited and outcome.error == ""
+    assert released == [True]  # released by the loop, not by the deadline
