@@ -31,6 +31,10 @@ from kubeletplugin.metrics import PluginMetrics
 from kubeletplugin.nodedriver import NodeDriver
 
 log = get_logger("kubeletplugin")
+# Connections to the apiserver, kept open: the kubelet's burst of 100 prepare calls reads
+# 100 claims, and 16 connections serve them about as fast as 100 would, without 84 more
+# TLS handshakes and their buffers (~70 KiB each) in every node's plugin. Watches take one.
+API_CONNECTIONS = 16
 
 
 class UsageError(ValueError):
@@ -138,7 +142,11 @@ class Plugin:
         self.paths = PluginPaths(args.kubelet_root, self.driver_name, args.instance)
         state_dir = args.state_dir or self.paths.plugin_dir
         self.metrics = PluginMetrics()
-        self.client = KubeClient(load_connection(args.kubeconfig), "dradriver-kubeletplugin")
+        self.client = KubeClient(
+            load_connection(args.kubeconfig),
+            "dradriver-kubeletplugin",
+            max_connections=API_CONNECTIONS,
+        )
         self.ledger = Ledger.load(Path(state_dir) / "ledger.json")
         sources = build_sources(config)
         self.inventory = NodeInventory(self.node, lambda: discover_all(sources))

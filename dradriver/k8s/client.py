@@ -139,10 +139,6 @@ MERGE_PATCH = "application/merge-patch+json"
 APPLY_PATCH = "application/apply-patch+yaml"
 # Reads may be watches, which the server holds open for up to timeoutSeconds (300).
 TIMEOUT = httpx.Timeout(30, read=330)
-# Keep as many idle connections as may be open: httpx keeps 20 by default, so after a
-# burst of concurrent requests (the kubelet's 100 NodePrepareResources calls, each with
-# its claim GET) the next burst paid a TLS handshake for most of them again.
-LIMITS = httpx.Limits(max_connections=100, max_keepalive_connections=100, keepalive_expiry=60)
 
 
 def _apply_params(field_manager: str, force: bool) -> dict[str, Any]:
@@ -152,19 +148,27 @@ def _apply_params(field_manager: str, force: bool) -> dict[str, Any]:
 class _Codec:
     """Request building and response decoding, the part both clients share."""
 
-    def __init__(self, conn: Connection, user_agent: str) -> None:
+    def __init__(self, conn: Connection, user_agent: str, max_connections: int | None) -> None:
         self._conn = conn
         self._user_agent = user_agent
+        self._max_connections = max_connections
         self.write_count = 0
 
     def _http_options(self) -> dict[str, Any]:
-        return {
+        options: dict[str, Any] = {
             "base_url": self._conn.server,
             "verify": self._conn.tls,
             "timeout": TIMEOUT,
-            "limits": LIMITS,
             "headers": {"User-Agent": self._user_agent},
         }
+        if self._max_connections is not None:
+            # All of them kept when idle: the next burst of requests finds them open (no
+            # TLS handshakes), and more requests than connections wait for one.
+            options["limits"] = httpx.Limits(
+                max_connections=self._max_connections,
+                max_keepalive_connections=self._max_connections,
+            )
+        return options
 
     def _headers(self, extra: dict[str, str] | None = None) -> dict[str, str]:
         headers = dict(extra or {})
@@ -222,10 +226,15 @@ class _Codec:
 
 
 class KubeClient(_Codec):
-    """The asyncio client of the controller and the kubelet plugin."""
+    """The asyncio client of the controller and the kubelet plugin.
 
-    def __init__(self, conn: Connection, user_agent: str = "dradriver") -> None:
-        super().__init__(conn, user_agent)
+    ``max_connections`` bounds the open connections (watches hold one each); None keeps
+    httpx's defaults (100, of which 20 stay open when idle)."""
+
+    def __init__(
+        self, conn: Connection, user_agent: str = "dradriver", max_connections: int | None = None
+    ) -> None:
+        super().__init__(conn, user_agent, max_connections)
         self._http = httpx.AsyncClient(**self._http_options())
 
     async def aclose(self) -> None:
@@ -318,8 +327,10 @@ class KubeClient(_Codec):
 class SyncKubeClient(_Codec):
     """The blocking twin of :class:`KubeClient` (same requests, answers and errors), no watch."""
 
-    def __init__(self, conn: Connection, user_agent: str = "dradriver") -> None:
-        super().__init__(conn, user_agent)
+    def __init__(
+        self, conn: Connection, user_agent: str = "dradriver", max_connections: int | None = None
+    ) -> None:
+        super().__init__(conn, user_agent, max_connections)
         self._http = httpx.Client(**self._http_options())
 
     def close(self) -> None:
