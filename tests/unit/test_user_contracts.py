@@ -40,6 +40,7 @@ LOGGER_NAMES = {
     "devices.slices",
     "devices.static",
     "hooks",
+    "httpserver",
     "informer",
     "kube",
     "kubeletplugin",
