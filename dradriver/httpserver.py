@@ -21,10 +21,6 @@ from http import HTTPStatus
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-from dradriver.log import get_logger
-
-log = get_logger("httpserver")
-
 MAX_HEAD_BYTES = 8 * 1024
 READ_SECONDS = 10.0
 WRITE_SECONDS = 10.0
@@ -149,8 +145,8 @@ class HTTPEndpoint:
             except UnicodeDecodeError:
                 status, content_type, body = 400, TEXT, b"bad request\n"
             except Exception as e:  # a failing readiness check must not kill the server
-                log.error("probe failed", target=parts[1].decode("ascii", "replace"), error=str(e))
-                status, content_type, body = 500, TEXT, b"internal error\n"
+                # No logger here (this layer is below dradriver.log): the prober sees why.
+                status, content_type, body = 500, TEXT, f"internal error: {e!r}\n".encode()
             writer.write(_response(status, content_type, body, head_only=parts[0] == b"HEAD"))
         async with asyncio.timeout(WRITE_SECONDS):
             await writer.drain()

@@ -82,13 +82,15 @@ def test_a_failing_readiness_check_is_a_500_and_the_server_goes_on() -> None:
     def broken() -> tuple[bool, str]:
         raise RuntimeError("boom")
 
-    async def main() -> list[int]:
+    async def main() -> list[tuple[int, str]]:
         async for url in started(endpoint(broken)):
             async with httpx.AsyncClient(base_url=url) as http:
-                return [(await http.get(p)).status_code for p in ("/readyz", "/healthz")]
+                return [
+                    ((r := await http.get(p)).status_code, r.text) for p in ("/readyz", "/healthz")
+                ]
         return []
 
-    assert asyncio.run(main()) == [500, 200]
+    assert asyncio.run(main()) == [(500, "internal error: RuntimeError('boom')\n"), (200, "ok\n")]
 
 
 async def raw(port: int, data: bytes) -> bytes:

@@ -40,7 +40,6 @@ LOGGER_NAMES = {
     "devices.slices",
     "devices.static",
     "hooks",
-    "httpserver",
     "informer",
     "kube",
     "kubeletplugin",
