@@ -1,6 +1,6 @@
 """End to end: N pods with claim templates to Running, through dradriver's plugin and Go's.
 
-Run with ``python -m bench.pods [--pods 50,200] [--devices N] [--runtime fake|real]
+Run with ``python -m bench.pods [--pods 50,120,200] [--devices N] [--runtime fake|real]
 [--no-go]``. Uses the local cluster (reuses a running one, else starts one and stops it
 afterwards); run it under the cluster lock. The whole path is real: the apiserver, the
 scheduler allocating each pod's claim, the kubelet calling the plugin's
@@ -10,7 +10,10 @@ For each N, first dradriver's kubelet plugin (driver ``pods.bench.dradriver.dev`
 the Go reference (dra-example-driver's kubelet plugin, driver ``gpu.example.com``) serve
 the same number of devices on node-1 through node-1's kubelet, one plugin at a time, with
 the same admin kubeconfig (Go's client limits lifted as in bench.prepare). Each gets a
-DeviceClass of its own; every pod gets its own claim from one ResourceClaimTemplate.
+DeviceClass of its own; every pod gets its own claim from one ResourceClaimTemplate, and
+each plugin N + 1 devices (a warm-up pod, which shows that the kubelet has registered the
+plugin, keeps one). The Go reference publishes its pool as one ResourceSlice, at most 128
+devices, so it is measured up to 127 pods (hence the default 50,120,200).
 Pods are created one after the other as fast as the apiserver answers; a watch sees each
 become Running. Reported: pods/s (N over first create to last Running), create→Running
 p50/p99, and the kubelet's own view of the plugin calls from its metrics, as the mean
@@ -68,6 +71,8 @@ CLEANUP_DEADLINE = 300.0
 GRPC_METRIC = "dra_grpc_operations_duration_seconds"
 STEP_METRIC = "dra_operations_duration_seconds"
 PREPARE_METHOD = "NodePrepareResources"
+# The API's limit for one ResourceSlice; the Go reference publishes its pool as one slice.
+GO_MAX_DEVICES = 128
 
 
 @dataclass
@@ -315,17 +320,19 @@ def allocatable_pods(api: AdminAPI, node: str) -> int:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--pods", default="50,200", help="comma-separated pod counts")
-    parser.add_argument("--devices", type=int, default=0, help="devices (default: most pods)")
+    parser.add_argument("--pods", default="50,120,200", help="comma-separated pod counts")
+    parser.add_argument(
+        "--devices", type=int, default=0, help="devices per plugin (default: pods + 1)"
+    )
     parser.add_argument("--runtime", type=parse_runtime, default="fake", help="fake or real")
     parser.add_argument("--no-go", action="store_true", help="skip the Go reference")
     args = parser.parse_args()
     counts = [int(c) for c in args.pods.split(",") if c.strip()]
     if not counts or min(counts) < 1:
         parser.error("--pods needs positive counts, e.g. 50,200")
-    devices = args.devices or max(counts)
-    if devices < max(counts):
-        parser.error("--devices must be at least the largest pod count (one device a pod)")
+    # One device a pod, and one for the warm-up pod, which keeps its device.
+    if args.devices and args.devices <= max(counts):
+        parser.error("--devices must exceed the largest pod count (one device a pod + warm-up)")
 
     binary, go_how = (None, "skipped (--no-go)") if args.no_go else go_binary()
     results: dict[tuple[str, int], Run | str] = {}
@@ -342,6 +349,7 @@ def main() -> None:
         cdi_dir = node.cdi_dir if node.runtime == "real" else None
         with short_workdir() as work:
             for n in counts:
+                devices = args.devices or n + 1
                 ours = ours_plugin(
                     work / f"ours-{n}",
                     OUR_DRIVER,
@@ -356,6 +364,12 @@ def main() -> None:
                 )
                 if binary is None:
                     continue
+                if devices > GO_MAX_DEVICES:
+                    results[("go", n)] = (
+                        f"not measured: the Go reference publishes one ResourceSlice, at most "
+                        f"{GO_MAX_DEVICES} devices, and {devices} are needed"
+                    )
+                    continue
                 go = go_plugin(
                     binary,
                     work / f"go-{n}",
@@ -369,20 +383,20 @@ def main() -> None:
                     results[("go", n)] = bench_plugin(cluster, api, go, "bench-pods-go", devices, n)
                 except BenchError as e:
                     results[("go", n)] = f"the Go reference failed: {e}"
-    report(args, counts, devices, node.runtime, results, go_how)
+    report(args, counts, node.runtime, results, go_how)
 
 
 def report(
     args: argparse.Namespace,
     counts: Sequence[int],
-    devices: int,
     runtime: str,
     results: dict[tuple[str, int], Run | str],
     go_how: str,
 ) -> None:
     print(
-        f"\nPods with one claim each (ResourceClaimTemplate) to Running on node-1, {devices} "
-        f"devices per plugin, {runtime} runtime; pods created one after the other"
+        f"\nPods with one claim each (ResourceClaimTemplate) to Running on node-1, "
+        f"{args.devices or 'pods + 1'} devices per plugin (the warm-up pod keeps one), "
+        f"{runtime} runtime; pods created one after the other"
     )
     print(f"ours: dradriver kubeletplugin, driver {OUR_DRIVER}")
     print(
