@@ -98,6 +98,7 @@ class ClaimReconciler:
         quiet_period: float = 0.3,
         fence_namespace: str = "dradriver",
         removal_quiet: float = 2.0,
+        removal_window: float = 5.0,
         worker: AllocationWorker | None = None,
         allocation_timeout: float = 10.0,
     ) -> None:
@@ -118,6 +119,7 @@ class ClaimReconciler:
             quiet_period=quiet_period,
             max_defer=max_defer,
             removal_quiet=removal_quiet,
+            removal_window=removal_window,
         )
         self.events = EventRecorder(client)
         self.stats = AllocationStats()
@@ -190,6 +192,7 @@ class ClaimReconciler:
         allocation = allocation_of(claim)
         if allocation:
             inflight.pop(key, None)
+            self.holdings.allocation_seen(key)
             for conflict in conflicts(key, allocation, state):
                 if self._ours(conflict.other):
                     self.enqueue(conflict.other)
@@ -201,6 +204,7 @@ class ClaimReconciler:
             if written is None or revision(claim) < written:
                 return  # an older version than our write: keep holding the devices
             inflight.pop(key, None)
+        self.holdings.allocation_gone(key)
         if key in state.claims():
             state.remove(key)
             self._devices_freed()
@@ -209,6 +213,7 @@ class ClaimReconciler:
         key = claim_key(claim)
         self.fencing.note_removal(key, fences.removed_devices(claim, None), revision(claim))
         self.holdings.inflight.pop(key, None)
+        self.holdings.allocation_gone(key)
         self.failures.pop(key, None)
         self.out_of_budget.pop(key, None)
         self.scheduler.forget(key)
@@ -414,7 +419,7 @@ class ClaimReconciler:
             others = self._other_holders(key, allocation)
             if others:
                 raise RequeueAfter(2.0, f"devices also held by {others[:3]}: not clearing yet")
-            quiet, why = self.scheduler.quiet()
+            quiet, why = self.scheduler.quiet(self.holdings.seen_since(key))
             if not quiet:
                 raise RequeueAfter(1.0, f"deallocation waits for a quiet scheduler: {why}")
         self._check_leader(key)
