@@ -181,6 +181,7 @@ class ControllerApp:
             fence_namespace=options.lease_namespace,  # fence claims live by the Lease
             worker=self.allocation_worker,
             allocation_timeout=options.allocation_timeout,
+            registry=self.metrics.registry,
         )
         waiting = self.claim_reconciler.waiting_keys
         claims_controller = (

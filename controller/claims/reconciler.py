@@ -25,6 +25,8 @@ import asyncio
 import time
 from collections.abc import Callable, Iterable
 
+from prometheus_client import CollectorRegistry
+
 from controller.claims import fences
 from controller.claims.allocation import (
     FINALIZER,
@@ -44,6 +46,7 @@ from controller.claims.conflicts import ConflictHold
 from controller.claims.fencing import Fencing
 from controller.claims.holdings import Holdings
 from controller.claims.scheduler import SchedulerActivity
+from controller.claims.stages import StageTimes
 from controller.claims.stats import AllocationStats
 from controller.claims.worker import AllocationAnswer, AllocationJob, AllocationWorker, Inventory
 from controller.leadership import require_leader
@@ -101,6 +104,7 @@ class ClaimReconciler:
         removal_window: float = 5.0,
         worker: AllocationWorker | None = None,
         allocation_timeout: float = 10.0,
+        registry: CollectorRegistry | None = None,
     ) -> None:
         self.client = client
         self.driver = driver
@@ -123,6 +127,7 @@ class ClaimReconciler:
         )
         self.events = EventRecorder(client)
         self.stats = AllocationStats()
+        self.stages = StageTimes(registry)
         self.holdings = Holdings(client, claims)
         self.fencing = Fencing(
             client,
@@ -205,6 +210,8 @@ class ClaimReconciler:
                 return  # an older version than our write: keep holding the devices
             inflight.pop(key, None)
         self.holdings.allocation_gone(key)
+        if not meta(claim).get("deletionTimestamp"):
+            self.stages.seen(key)
         if key in state.claims():
             state.remove(key)
             self._devices_freed()
@@ -214,6 +221,7 @@ class ClaimReconciler:
         self.fencing.note_removal(key, fences.removed_devices(claim, None), revision(claim))
         self.holdings.inflight.pop(key, None)
         self.holdings.allocation_gone(key)
+        self.stages.forget(key)
         self.failures.pop(key, None)
         self.out_of_budget.pop(key, None)
         self.scheduler.forget(key)
@@ -265,6 +273,7 @@ class ClaimReconciler:
         claim = self.claims.get(key)
         if claim is None:
             return
+        self.stages.started(key)
         namespace, _ = split_key(key)
         if self.namespaces and namespace not in self.namespaces:
             return
@@ -296,6 +305,7 @@ class ClaimReconciler:
             return  # written; the informer's update re-enqueues the key
         if FINALIZER not in finalizers(claim):
             self._check_leader(key)
+            sent = time.monotonic()
             claim = await self._patch(
                 key,
                 {
@@ -305,6 +315,7 @@ class ClaimReconciler:
                     }
                 },
             )
+            self.stages.observe("finalizer_write", time.monotonic() - sent)
             log.info("finalizer added", claim=key)
         await self._allocate(key, claim, request)
 
@@ -315,20 +326,27 @@ class ClaimReconciler:
         self.scheduler.wait_before_allocating(key)
         effective = effective_claim(claim, request)  # the parameters' count and selectors
         allocation: Obj | None = None
+        waited = time.monotonic()
         async with self._allocation_turn:
+            self.stages.observe("turn", time.monotonic() - waited)
             job = AllocationJob.of(
                 effective,
                 self.holdings.state,
                 [node_info(n) for n in self.nodes.items()],
                 self.allocation_timeout,
             )
+            sent = time.monotonic()
             answer = await self.worker.allocate(job, self.inventory())
+            self.stages.observe("search", time.monotonic() - sent)
             if answer.allocation is not None:
                 allocation = self._take(key, answer, request)
         if allocation is None:
             await self._failed(key, claim, self._failure_message(answer), answer.exhausted)
             return
+        sent = time.monotonic()
         written = await self.holdings.write(key, claim, allocation)
+        self.stages.observe("status_write", time.monotonic() - sent)
+        self.stages.done(key)
         self.stats.allocated += 1
         devices = [
             f"{r['driver']}/{r['pool']}/{r['device']}"
@@ -336,6 +354,7 @@ class ClaimReconciler:
         ]
         node = allocated_node(allocation)
         log.info("claim allocated", claim=key, devices=devices, node=node or "any")
+        sent = time.monotonic()
         await self.events.emit(
             written,
             "ResourceClaim",
@@ -343,6 +362,7 @@ class ClaimReconciler:
             "Allocated",
             f"allocated {', '.join(devices)}" + (f" on node {node}" if node else ""),
         )
+        self.stages.observe("event", time.monotonic() - sent)
         await self.conflicts.check(key, written, allocation)
         await self._settled(key, written)
 
