@@ -61,6 +61,12 @@ class Holdings:
         self.state.add(key, allocation)
         self.inflight[key] = (allocation, None)
 
+    def unreserve(self, key: str) -> None:
+        """Give back what :meth:`reserve` took, unless the informer shows ``key`` allocated."""
+        self.inflight.pop(key, None)
+        if allocation_of(self.claims.get(key) or {}) is None:
+            self.state.remove(key)
+
     async def write(self, key: str, claim: Obj, allocation: Obj) -> Obj:
         """Write ``allocation`` into the claim (at its resourceVersion); returns the claim.
 
@@ -78,9 +84,7 @@ class Holdings:
                 },
             )
         except BaseException:
-            self.inflight.pop(key, None)
-            if allocation_of(self.claims.get(key) or {}) is None:
-                self.state.remove(key)
+            self.unreserve(key)
             raise
         if key in self.inflight:
             self.inflight[key] = (allocation, revision(written))

@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Coroutine, Iterable
+from typing import Any
 
 from prometheus_client import CollectorRegistry
 
@@ -128,6 +129,7 @@ class ClaimReconciler:
         self.events = EventRecorder(client)
         self.stats = AllocationStats()
         self.stages = StageTimes(registry)
+        self._background: set[asyncio.Task[None]] = set()
         self.holdings = Holdings(client, claims)
         self.fencing = Fencing(
             client,
@@ -303,23 +305,39 @@ class ClaimReconciler:
             return
         if key in self.holdings.inflight:
             return  # written; the informer's update re-enqueues the key
+        finalizer: asyncio.Task[Obj] | None = None
         if FINALIZER not in finalizers(claim):
             self._check_leader(key)
-            sent = time.monotonic()
-            claim = await self._patch(
-                key,
-                {
-                    "metadata": {
-                        "resourceVersion": meta(claim)["resourceVersion"],
-                        "finalizers": [*finalizers(claim), FINALIZER],
-                    }
-                },
-            )
-            self.stages.observe("finalizer_write", time.monotonic() - sent)
-            log.info("finalizer added", claim=key)
-        await self._allocate(key, claim, request)
+            # The search does not need the finalizer, so the patch overlaps it; the
+            # allocation is written only after it, at the version it returned (so never
+            # without the finalizer, and never over a change made meanwhile).
+            finalizer = asyncio.create_task(self._add_finalizer(key, claim))
+        try:
+            await self._allocate(key, claim, request, finalizer)
+        finally:
+            if finalizer is not None and not finalizer.done():
+                await asyncio.wait([finalizer])  # no write of ours outlives the reconcile
 
-    async def _allocate(self, key: str, claim: Obj, request: Request) -> None:
+    async def _add_finalizer(self, key: str, claim: Obj) -> Obj:
+        sent = time.monotonic()
+        claim = await self._patch(
+            key,
+            {
+                "metadata": {
+                    "resourceVersion": meta(claim)["resourceVersion"],
+                    "finalizers": [*finalizers(claim), FINALIZER],
+                }
+            },
+        )
+        self.stages.observe("finalizer_write", time.monotonic() - sent)
+        log.info("finalizer added", claim=key)
+        return claim
+
+    async def _allocate(
+        self, key: str, claim: Obj, request: Request, finalizer: asyncio.Task[Obj] | None = None
+    ) -> None:
+        """Search, take the devices, write the allocation (after ``finalizer``, if given:
+        the finalizer patch in flight, whose answer is the claim to write at)."""
         retry_at = self.out_of_budget.get(key)
         if retry_at is not None and time.monotonic() < retry_at:
             raise RequeueAfter(retry_at - time.monotonic(), "the last search ran out of budget")
@@ -340,6 +358,13 @@ class ClaimReconciler:
             self.stages.observe("search", time.monotonic() - sent)
             if answer.allocation is not None:
                 allocation = self._take(key, answer, request)
+        if finalizer is not None:
+            try:
+                claim = await finalizer
+            except BaseException:
+                if allocation is not None:
+                    self.holdings.unreserve(key)
+                raise
         if allocation is None:
             await self._failed(key, claim, self._failure_message(answer), answer.exhausted)
             return
@@ -354,17 +379,33 @@ class ClaimReconciler:
         ]
         node = allocated_node(allocation)
         log.info("claim allocated", claim=key, devices=devices, node=node or "any")
-        sent = time.monotonic()
-        await self.events.emit(
-            written,
-            "ResourceClaim",
-            "Normal",
-            "Allocated",
-            f"allocated {', '.join(devices)}" + (f" on node {node}" if node else ""),
+        self._in_background(
+            self._timed(
+                "event",
+                self.events.emit(
+                    written,
+                    "ResourceClaim",
+                    "Normal",
+                    "Allocated",
+                    f"allocated {', '.join(devices)}" + (f" on node {node}" if node else ""),
+                ),
+            )
         )
-        self.stages.observe("event", time.monotonic() - sent)
         await self.conflicts.check(key, written, allocation)
         await self._settled(key, written)
+
+    def _in_background(self, work: Coroutine[Any, Any, None]) -> None:
+        """Run ``work`` without holding up the worker: for writes nothing waits on, such as
+        the ``Allocated`` event (events never fail a reconcile, see EventRecorder). The
+        task is kept until it ends, so it is not collected half way."""
+        task = asyncio.create_task(work)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _timed(self, stage: str, work: Awaitable[None]) -> None:
+        sent = time.monotonic()
+        await work
+        self.stages.observe(stage, time.monotonic() - sent)
 
     def _take(self, key: str, answer: AllocationAnswer, request: Request) -> Obj:
         """The answer's allocation, its devices taken in the holdings before any await.
