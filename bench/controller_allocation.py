@@ -471,7 +471,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--claims", type=int, default=1000)
     parser.add_argument("--devices", type=int, default=10_000)
-    parser.add_argument("--workers", type=int, default=4, help="controller reconcile workers")
+    parser.add_argument("--workers", type=int, default=16, help="the controller's --claim-workers")
     parser.add_argument("--deadline", type=float, default=600.0, help="seconds for all claims")
     parser.add_argument("--scheduler-qps", type=int, default=1000, help="kube-scheduler QPS")
     parser.add_argument("--scheduler-burst", type=int, default=2000, help="kube-scheduler burst")
@@ -519,7 +519,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                 work,
                 extra_args=[
                     f"--allocation-namespace={namespace}",
-                    f"--workers={args.workers}",
+                    f"--claim-workers={args.workers}",
                     "--log-level=warning",
                 ],
             )
@@ -640,7 +640,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             print(table(["scenario", "time", "rate"], at_scale.rows()))
             print(
                 "\ncontroller: immediate claims (annotation), "
-                f"{args.workers} workers, leader election on; time = claim create sent -> "
+                f"{args.workers} claim workers, leader election on; time = claim create sent -> "
                 "allocation seen.\n"
                 f"scheduler: the cluster's kube-scheduler restarted with client {limits},\n"
                 "one pod per pre-created claim (resourceClaimName) on a kubelet-less node with\n"

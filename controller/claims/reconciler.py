@@ -102,7 +102,7 @@ class ClaimReconciler:
         quiet_period: float = 0.3,
         fence_namespace: str = "dradriver",
         removal_quiet: float = 2.0,
-        removal_window: float = 5.0,
+        removal_window: float = 30.0,
         worker: AllocationWorker | None = None,
         allocation_timeout: float = 10.0,
         registry: CollectorRegistry | None = None,

@@ -51,7 +51,7 @@ class SchedulerActivity:
         quiet_period: float = 0.3,
         max_defer: float = 10.0,
         removal_quiet: float = 2.0,
-        removal_window: float = 5.0,
+        removal_window: float = 30.0,
     ) -> None:
         self.pending_pods = pending_pods
         self.quiet_period = quiet_period
