@@ -19,8 +19,7 @@ import asyncio
 import contextlib
 from dataclasses import dataclass
 from pathlib import Path
-
-from fastapi import FastAPI
+from typing import TYPE_CHECKING
 
 from controller.claims.reconciler import ClaimReconciler, claims_using
 from controller.claims.worker import AllocationWorker
@@ -43,9 +42,11 @@ from dradriver.runtime import (
     RuntimeMetrics,
     default_identity,
 )
-from dradriver.webhook.app import build_app as build_webhook_app
-from dradriver.webhook.server import WebhookServer
-from dradriver.webhook.validation import Settings as WebhookSettings
+
+if TYPE_CHECKING:  # the webhook (FastAPI, uvicorn) is imported only by a process serving it
+    from fastapi import FastAPI
+
+    from dradriver.webhook.server import WebhookServer
 
 log = get_logger("controller")
 
@@ -285,6 +286,9 @@ class ControllerApp:
         this process's readiness and metrics registry. Validation needs no leader: every
         replica serves it. Build it once (it registers the webhook's metrics)."""
         driver = self.options.driver_name
+        from dradriver.webhook.app import build_app as build_webhook_app
+        from dradriver.webhook.validation import Settings as WebhookSettings
+
         settings = WebhookSettings(driver=driver, device_classes=frozenset({driver}))
         return build_webhook_app(settings, self.metrics.registry, self.ready)
 
@@ -298,6 +302,8 @@ class ControllerApp:
         if o.webhook_address is not None:
             if o.webhook_cert is None or o.webhook_key is None:
                 raise ValueError("the webhook needs a certificate and a key")
+            from dradriver.webhook.server import WebhookServer
+
             self.webhook = WebhookServer(
                 self.webhook_app(), o.webhook_address, o.webhook_cert, o.webhook_key
             )
