@@ -164,6 +164,7 @@ class Result:
     seen: dict[str, float]  # claim name -> allocation seen
     rss_before: float
     rss_after: float
+    tree_rss_after: float  # with its child processes
 
     @property
     def rate(self) -> float:
@@ -178,6 +179,7 @@ class Result:
             f"{percentile(latencies, 0.5) * 1000:.1f}",
             f"{percentile(latencies, 0.99) * 1000:.1f}",
             f"{self.rss_before:.1f} -> {self.rss_after:.1f}",
+            f"{self.tree_rss_after:.1f}",
         ]
 
 
@@ -225,6 +227,21 @@ async def measure(
         await informer.stop()
         await client.aclose()
     return sent, seen
+
+
+def descendants(pid: int) -> list[int]:
+    """The process's children, grandchildren, ... (from /proc/<pid>/task/*/children)."""
+    out: list[int] = []
+    for children in Path(f"/proc/{pid}/task").glob("*/children"):
+        with contextlib.suppress(OSError):
+            for child in children.read_text().split():
+                out += [int(child), *descendants(int(child))]
+    return out
+
+
+def tree_rss_mib(pid: int) -> float:
+    """RSS of the process and its descendants (the controller's allocation worker)."""
+    return sum(rss_mib(p) for p in [pid, *descendants(pid)])
 
 
 def rss_mib(pid: int) -> float:
@@ -540,7 +557,13 @@ def main(argv: Sequence[str] | None = None) -> None:
                     measure(kubeconfig, namespace, n, args.deadline, create_claim)
                 )
                 controller = Result(
-                    "dradriver-controller (claims)", "claims", sent, seen, before, rss_mib(pid)
+                    "dradriver-controller (claims)",
+                    "claims",
+                    sent,
+                    seen,
+                    before,
+                    rss_mib(pid),
+                    tree_rss_mib(pid),
                 )
                 metrics = proc.get("/metrics")
                 stages = stage_times(metrics.text) if metrics is not None else []
@@ -594,7 +617,13 @@ def main(argv: Sequence[str] | None = None) -> None:
 
             sent, seen = asyncio.run(scheduler_phase())
             scheduler = Result(
-                "kube-scheduler (pods)", "pods", sent, seen, before, rss_mib(sched_pid)
+                "kube-scheduler (pods)",
+                "pods",
+                sent,
+                seen,
+                before,
+                rss_mib(sched_pid),
+                tree_rss_mib(sched_pid),
             )
             bound = sum(
                 1
@@ -621,6 +650,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                         "p50 ms",
                         "p99 ms",
                         "process RSS MiB",
+                        "with children MiB",
                     ],
                     rows,
                 )
@@ -650,7 +680,8 @@ def main(argv: Sequence[str] | None = None) -> None:
                 f"{bound}/{n}.\n"
                 "RSS = the allocating process (dradriver-controller / kube-scheduler), "
                 "before -> after (both cache the same slices and claims; the scheduler also "
-                "the pods).\n"
+                "the pods);\nwith children: after, plus its child processes (the "
+                "controller's allocation worker).\n"
                 "Stage p50/p99 are histogram bucket bounds."
             )
         ok = True
