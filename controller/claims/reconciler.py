@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Iterable
+from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client import CollectorRegistry
@@ -70,6 +71,20 @@ from dradriver.log import get_logger
 from dradriver.runtime import Informer, RequeueAfter, split_key
 
 log = get_logger("controller")
+
+MAX_BATCH = 32
+"""Claims per round trip to the allocation worker, at most."""
+
+
+@dataclass
+class _Waiting:
+    """A claim waiting for its search; ``future`` gets the answer and the allocation taken."""
+
+    key: str
+    effective: Obj
+    request: Request
+    future: asyncio.Future[tuple[AllocationAnswer, Obj | None]]
+    since: float
 
 
 class ClaimReconciler:
@@ -146,11 +161,12 @@ class ClaimReconciler:
         )
         self.unallocatable: set[str] = set()
         self.failures: dict[str, int] = {}
-        # The search runs in a child process; one job at a time from this reconciler, so
-        # that each one's snapshot of the holdings includes what the previous one took.
+        # The search runs in a child process, in batches one after the other, so that
+        # each batch's snapshot of the holdings includes what the previous one took.
         self.worker = worker if worker is not None else AllocationWorker()
         self.allocation_timeout = allocation_timeout
-        self._allocation_turn = asyncio.Lock()
+        self._waiting: list[_Waiting] = []
+        self._batcher: asyncio.Task[None] | None = None
         self._inventory: Inventory | None = None
         self._inventory_generation = 0
         # Claims whose search ran out of budget: not searched again before this time
@@ -343,21 +359,7 @@ class ClaimReconciler:
             raise RequeueAfter(retry_at - time.monotonic(), "the last search ran out of budget")
         self.scheduler.wait_before_allocating(key)
         effective = effective_claim(claim, request)  # the parameters' count and selectors
-        allocation: Obj | None = None
-        waited = time.monotonic()
-        async with self._allocation_turn:
-            self.stages.observe("turn", time.monotonic() - waited)
-            job = AllocationJob.of(
-                effective,
-                self.holdings.state,
-                [node_info(n) for n in self.nodes.items()],
-                self.allocation_timeout,
-            )
-            sent = time.monotonic()
-            answer = await self.worker.allocate(job, self.inventory())
-            self.stages.observe("search", time.monotonic() - sent)
-            if answer.allocation is not None:
-                allocation = self._take(key, answer, request)
+        answer, allocation = await self._search(key, effective, request)
         if finalizer is not None:
             try:
                 claim = await finalizer
@@ -393,6 +395,72 @@ class ClaimReconciler:
         )
         await self.conflicts.check(key, written, allocation)
         await self._settled(key, written)
+
+    async def _search(
+        self, key: str, effective: Obj, request: Request
+    ) -> tuple[AllocationAnswer, Obj | None]:
+        """Claim ``key``'s search and, if it found one, the allocation with its devices
+        taken (:meth:`_take`). Searches go to the worker in batches: the claims waiting
+        while a batch runs form the next one (see :mod:`controller.claims.worker`)."""
+        future: asyncio.Future[tuple[AllocationAnswer, Obj | None]] = (
+            asyncio.get_running_loop().create_future()
+        )
+        self._waiting.append(_Waiting(key, effective, request, future, time.monotonic()))
+        if self._batcher is None or self._batcher.done():
+            self._batcher = asyncio.create_task(self._run_batches())
+        try:
+            return await future
+        except asyncio.CancelledError:
+            # Answered and taken just before the cancellation: nobody will write it.
+            answered = future.done() and not future.cancelled() and future.exception() is None
+            if answered and future.result()[1] is not None:
+                self.holdings.unreserve(key)
+            raise
+
+    async def _run_batches(self) -> None:
+        """Send the waiting claims to the worker, up to MAX_BATCH at a time, one batch
+        after the other. All of a batch see the same holdings (the worker keeps them
+        apart); what a batch found is taken before the next batch's snapshot, so each
+        batch sees what the one before took."""
+        while self._waiting:
+            batch = [w for w in self._waiting[:MAX_BATCH] if not w.future.done()]
+            del self._waiting[:MAX_BATCH]
+            if not batch:
+                continue
+            now = time.monotonic()
+            for w in batch:
+                self.stages.observe("turn", now - w.since)
+            snapshot = self.holdings.state.snapshot()
+            nodes = tuple(node_info(n) for n in self.nodes.items())
+            jobs = [
+                AllocationJob(w.effective, snapshot, nodes, self.allocation_timeout) for w in batch
+            ]
+            try:
+                answers = await self.worker.allocate_batch(jobs, self.inventory())
+            except BaseException as e:
+                for w in batch:
+                    if w.future.done():
+                        continue
+                    if isinstance(e, asyncio.CancelledError):
+                        w.future.cancel()
+                    else:
+                        w.future.set_exception(e)
+                raise
+            elapsed = time.monotonic() - now
+            for w, answer in zip(batch, answers, strict=True):
+                self.stages.observe("search", elapsed)
+                if w.future.done():
+                    continue  # its reconcile was cancelled: nothing is taken for it
+                try:
+                    allocation = (
+                        self._take(w.key, answer, w.request)
+                        if answer.allocation is not None
+                        else None
+                    )
+                except Exception as e:
+                    w.future.set_exception(e)
+                    continue
+                w.future.set_result((answer, allocation))
 
     def _in_background(self, work: Coroutine[Any, Any, None]) -> None:
         """Run ``work`` without holding up the worker: for writes nothing waits on, such as

@@ -13,14 +13,23 @@ import pytest
 
 from controller.claims.allocation import ALLOCATION_ANNOTATION, FINALIZER
 from controller.claims.reconciler import ClaimReconciler
-from controller.claims.worker import AllocationWorker
+from controller.claims.worker import AllocationJob, AllocationWorker, run_batch
+from dradriver.allocator import AllocatedState, Allocator, SliceInventory, node_info
 from dradriver.k8s.errors import KubeAPIError
 from dradriver.k8s.objects import Obj
 from tests.fakes.apiserver import FakeAPIServer
 from tests.fakes.informer import FakeInformer
 from tests.unit.test_allocator_builders import claim as bare_claim
+from tests.unit.test_allocator_builders import device, node_slice
 from tests.unit.test_allocator_builders import request as bare_request
-from tests.unit.test_controller_allocation_worker import GPU, NODES, claim_path, run, slices
+from tests.unit.test_controller_allocation_worker import (
+    GPU,
+    NODES,
+    claim_path,
+    immediate,
+    run,
+    slices,
+)
 from tests.unit.test_controllerruntime_leaderelection import eventually
 
 
@@ -140,3 +149,41 @@ def test_the_allocated_event_is_posted_after_the_reconcile_returns(
         await eventually("the event posted", lambda: rec.events.posted == 1)
 
     run(scenario())
+
+
+def test_claims_waiting_together_go_in_one_batch_and_get_distinct_devices(
+    worker: AllocationWorker,
+) -> None:
+    async def scenario() -> None:
+        api = FakeAPIServer()
+        claims = [immediate(new_claim(f"c-{i}")) for i in range(8)]
+        rec = reconciler(api, worker, *claims)
+        batches, jobs = worker.stats.batches, worker.stats.jobs
+        await asyncio.gather(*(rec(f"ns/c-{i}") for i in range(8)))
+        assert worker.stats.jobs == jobs + 8
+        assert worker.stats.batches == batches + 1  # one round trip for the eight
+        devices = set()
+        for i in range(8):
+            stored = api.stored(claim_path(f"c-{i}"))
+            assert stored is not None
+            (result,) = stored["status"]["allocation"]["devices"]["results"]
+            devices.add((result["pool"], result["device"]))
+        assert len(devices) == 8
+
+    run(scenario())
+
+
+def test_a_batch_sees_what_its_earlier_claims_got_and_leaves_the_holdings_as_they_were() -> None:
+    """In the child: two claims for the only device; the second finds it taken. After the
+    batch the child's copy of the holdings is the parent's again."""
+    only = (node_slice("node-1", [device("dev-0", {"group": 0})]),)
+    allocator = Allocator(SliceInventory(only, (GPU,)))
+    state = AllocatedState()
+    nodes = tuple(node_info(n) for n in NODES[:1])
+    jobs = [
+        AllocationJob(bare_claim(name, bare_request("r", count=1)), {}, nodes, 10.0)
+        for name in ("a", "b")
+    ]
+    first, second = run_batch(allocator, state, jobs)
+    assert first.allocation is not None and second.allocation is None
+    assert state.snapshot() == {}
