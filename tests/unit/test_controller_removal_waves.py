@@ -134,3 +134,39 @@ def test_a_claim_allocated_just_now_is_not_cleared_in_the_wave() -> None:
     with pytest.raises(RequeueAfter, match="allocated"):
         asyncio.run(rec("ns/new"))
     assert rec.stats.deallocated == 1
+
+
+def test_a_claim_with_only_our_finalizer_is_freed_by_its_deletion_in_one_write() -> None:
+    """Removing the last finalizer deletes the claim, which the scheduler applies as the
+    removal; a claim with another finalizer is cleared first (it is not deleted yet)."""
+    api = FakeAPIServer()
+    claims = FakeInformer()
+    rec = ClaimReconciler(
+        cast(Any, api),
+        "dradriver.dev",
+        cast(Any, claims),
+        cast(Any, FakeInformer()),
+        cast(Any, FakeInformer()),
+        cast(Any, FakeInformer()),
+        cast(Any, FakeInformer()),
+        removal_quiet=0,
+    )
+    claims.apply(api.put(claim_path("only"), deleted_claim("only", "dev-0")))
+    shared = deleted_claim("shared", "dev-1")
+    shared["metadata"]["finalizers"] = ["example.com/other", FINALIZER]
+    claims.apply(api.put(claim_path("shared"), shared))
+    before = len(api.history)
+    asyncio.run(rec("ns/only"))
+    assert [(w.method, w.path) for w in api.history[before:]] == [("PATCH", claim_path("only"))]
+    assert api.stored(claim_path("only")) is None
+    before = len(api.history)
+    asyncio.run(rec("ns/shared"))
+    writes = [(w.method, w.path) for w in api.history[before:]]
+    assert writes == [
+        ("PATCH", claim_path("shared") + "/status"),
+        ("PATCH", claim_path("shared")),
+    ]
+    stored = api.stored(claim_path("shared"))
+    assert stored is not None and not stored["status"].get("allocation")
+    assert stored["metadata"]["finalizers"] == ["example.com/other"]
+    assert rec.stats.deallocated == 2
