@@ -19,5 +19,8 @@ level (the suite finds it by these alone, so a new one needs no registration):
     (its smoke test runs only when no local cluster is running; ``make bench`` runs these
     first, before it starts the shared cluster).
 
-Helpers (``common``, ``suite``) have none of these.
+Optional: ``OWN_SMOKE_TEST = "tests/..."``, a test of its own that runs the smoke sizes
+and checks more than the shape; the generic smoke test then leaves it to that one.
+
+Helpers (``common``, ``suite``, ``faultproxy``) have no ``main``.
 """

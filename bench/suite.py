@@ -34,6 +34,7 @@ class Bench:
     name: str  # the module's name in bench/
     cluster: str  # one of KINDS
     smoke_args: tuple[str, ...]
+    own_smoke_test: str | None = None  # a test of its own runs the smoke sizes
 
     @property
     def module(self) -> str:
@@ -70,7 +71,10 @@ def discover() -> list[Bench]:
             raise ConventionError(f"bench.{info.name}: SMOKE_ARGS must be a tuple of strings")
         if cluster not in KINDS:
             raise ConventionError(f"bench.{info.name}: CLUSTER must be one of {KINDS}")
-        found.append(Bench(info.name, cluster, smoke))
+        own = getattr(module, "OWN_SMOKE_TEST", None)
+        if own is not None and not (REPO / str(own)).is_file():
+            raise ConventionError(f"bench.{info.name}: OWN_SMOKE_TEST {own} does not exist")
+        found.append(Bench(info.name, cluster, smoke, own))
     return sorted(found, key=lambda b: (KINDS.index(b.cluster), b.name))
 
 

@@ -18,7 +18,8 @@ TIMEOUT = 900.0
 
 
 def benches(*kinds: str) -> list[Bench]:
-    return [b for b in discover() if b.cluster in kinds]
+    """Those of ``kinds`` without a smoke test of their own (``OWN_SMOKE_TEST``)."""
+    return [b for b in discover() if b.cluster in kinds and b.own_smoke_test is None]
 
 
 def check(b: Bench, env: dict[str, str] | None = None) -> None:
