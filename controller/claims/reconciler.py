@@ -556,13 +556,16 @@ class ClaimReconciler:
             # Ours is the last finalizer: removing it deletes the claim, and the deletion
             # is the removal the scheduler applies (as it would a clear), in one write
             # instead of two. The devices stay counted here until the informer shows the
-            # claim gone, and that deletion is noted for the fences like any removal.
-            await self._patch(
+            # claim gone.
+            deleted = await self._patch(
                 key,
                 {"metadata": {"resourceVersion": meta(claim)["resourceVersion"], "finalizers": []}},
             )
+            # As after a clear: fence at once if another claim holds a device meanwhile.
+            await self.fencing.after_removal(key, allocation, revision(deleted))
             self.stats.deallocated += 1
-            log.info("claim deallocated: finalizer removed, the deletion frees it", claim=key)
+            log.info("claim deallocated", claim=key, by="its deletion")
+            log.info("finalizer removed", claim=key)
             return
         if allocation:
             cleared = await self.holdings.clear(key, claim)
