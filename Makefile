@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: all install protos kube-binaries runtime-binaries image lint typecheck test test-unit test-grpc test-cluster demo clean
+.PHONY: all install protos kube-binaries runtime-binaries image lint typecheck test test-unit test-grpc test-cluster bench demo clean
 
 all: install
 
@@ -56,6 +56,11 @@ test-grpc: install
 
 test-cluster: kube-binaries runtime-binaries image
 	$(BIN)/pytest tests/cluster
+
+# Every benchmark at full size; rewrites the README's performance section (machine, date,
+# versions). Needs the machine to itself (bench/__init__.py, README "Benchmarks").
+bench: kube-binaries runtime-binaries
+	$(BIN)/python -m bench --readme README.md
 
 demo: kube-binaries runtime-binaries
 	$(BIN)/dradriver demo

@@ -30,11 +30,15 @@ import gc
 import resource
 import statistics
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from dradriver import cel
 from dradriver.allocator import AllocatedState, Allocator, SliceInventory, claim_key, explain
 from dradriver.k8s.objects import Obj
+
+SMOKE_ARGS = ("--claims", "10", "--nodes", "2", "--devices-per-node", "10")
+CLUSTER = "none"  # needs no cluster
 
 DRIVER = "bench.dradriver.dev"
 MODELS = ("a100", "h100", "l4", "t4")
@@ -194,12 +198,12 @@ def run(
     return Result(label, len(claims), allocated, failed, seconds, q[49] * 1000, q[98] * 1000, steps)
 
 
-def main() -> None:
+def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--claims", type=int, default=1000)
     parser.add_argument("--nodes", type=int, default=100)
     parser.add_argument("--devices-per-node", type=int, default=100)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
 
     rss0 = rss_mib()
     t0 = time.perf_counter()

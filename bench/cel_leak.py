@@ -23,13 +23,16 @@ from __future__ import annotations
 import argparse
 import gc
 import resource
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from dradriver import cel
 from dradriver.cel import env as cel_env
 from dradriver.cel import worker
+
+SMOKE_ARGS = ("--evaluations", "300", "--recycle-after", "100")
+CLUSTER = "none"  # needs no cluster
 
 DRIVER = "leak.bench.dradriver.dev"
 SELECTOR = f'device.attributes["{DRIVER}"].model.find("[0-9]+") == "100"'
@@ -121,11 +124,11 @@ def in_worker(n: int, recycle_after: int) -> Row:
     return row
 
 
-def main() -> None:
+def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--evaluations", type=int, default=100_000)
     parser.add_argument("--recycle-after", type=int, default=worker.RECYCLE_AFTER_CALLBACKS)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     n, every = args.evaluations, args.recycle_after
     rows = [in_process(n), in_process_recycled(n, every), in_worker(n, every)]
     print(f"selector: {SELECTOR}  (1 callback per evaluation; recycle after {every})")

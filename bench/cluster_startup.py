@@ -10,17 +10,21 @@ import argparse
 import statistics
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from devtools.cluster.binaries import build_seconds, ensure_binaries
 from devtools.cluster.config import Layout
 from devtools.cluster.local import LocalCluster
 
+SMOKE_ARGS = ("--runs", "1")
+CLUSTER = "exclusive"  # starts clusters of its own on the usual ports (bench/__init__.py)
 
-def main() -> None:
+
+def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--runs", type=int, default=3)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     bins = ensure_binaries()
     steps: dict[str, list[float]] = {}
     rss: dict[str, list[int]] = {}

@@ -37,6 +37,7 @@ import yaml
 
 from devtools.cluster.api import AdminAPI
 from devtools.cluster.binaries import cache_root
+from devtools.cluster.config import Layout, default_state_dir, parse_runtime
 from devtools.cluster.process import ManagedProcess, ProcessDied, log_tail
 from devtools.cluster.wait import wait_until
 from dradriver.k8s.errors import KubeAPIError
@@ -578,3 +579,16 @@ class DRAClient:
                 why = "no result" if result is None else result.error
                 raise BenchError(f"NodeUnprepareResources {claim.namespace}/{claim.name}: {why}")
         return took
+
+
+def shared_layout() -> Layout:
+    """The usual local cluster's layout, for benchmarks that reuse a running one.
+
+    The runtime is ``$DRADRIVER_RUNTIME`` (default fake) so that the smoke run in the
+    cluster tier reuses the session cluster whatever runtime it runs; these benchmarks
+    never start containers, so the runtime does not change what they measure.
+    """
+    return Layout(
+        state_dir=default_state_dir(),
+        runtime=parse_runtime(os.environ.get("DRADRIVER_RUNTIME", "fake")),
+    )

@@ -1,6 +1,7 @@
 """Controller allocation vs kube-scheduler: 1,000 claims over 10,000 devices, on its own cluster.
 
-``python -m bench.controller_allocation [--claims N] [--devices N] [--workers N]``
+``python -m bench.controller_allocation [--claims N] [--devices N] [--workers N]
+[--scheduler-qps Q --scheduler-burst B] [--outage S]``
 
 The benchmark starts its own local cluster (a temporary state dir and free ports; no
 kubelet, see below), so neither its load nor its objects reach the shared cluster the
@@ -44,16 +45,20 @@ import shutil
 import tempfile
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
+from prometheus_client.parser import text_string_to_metric_families
+
 from bench.common import free_port, percentile, table
 from controller.claims.allocation import ALLOCATION_ANNOTATION
+from controller.claims.stages import METRIC, STAGES
 from devtools.cluster.api import AdminAPI
 from devtools.cluster.config import Layout, Ports
-from devtools.cluster.local import ClusterState, running_cluster
+from devtools.cluster.local import ClusterState, LocalCluster, running_cluster
+from devtools.cluster.process import ManagedProcess
 from devtools.cluster.wait import wait_until
 from devtools.harness.controller import ControllerProcess, controller_kubeconfig
 from dradriver.k8s.client import KubeClient, load_connection
@@ -68,6 +73,8 @@ CONCURRENCY = 32
 NODE = "bench-ca-node"
 LEASE_RENEW = 5.0
 PAUSE_IMAGE = "registry.k8s.io/pause:3.10"
+SMOKE_ARGS = ("--claims", "12", "--devices", "64", "--outage", "2")
+CLUSTER = "own"  # bench/__init__.py: starts an isolated cluster of its own (free ports)
 
 
 def slices(driver: str, devices: int) -> list[Obj]:
@@ -157,6 +164,7 @@ class Result:
     seen: dict[str, float]  # claim name -> allocation seen
     rss_before: float
     rss_after: float
+    tree_rss_after: float  # with its child processes
 
     @property
     def rate(self) -> float:
@@ -171,6 +179,7 @@ class Result:
             f"{percentile(latencies, 0.5) * 1000:.1f}",
             f"{percentile(latencies, 0.99) * 1000:.1f}",
             f"{self.rss_before:.1f} -> {self.rss_after:.1f}",
+            f"{self.tree_rss_after:.1f}",
         ]
 
 
@@ -218,6 +227,21 @@ async def measure(
         await informer.stop()
         await client.aclose()
     return sent, seen
+
+
+def descendants(pid: int) -> list[int]:
+    """The process's children, grandchildren, ... (from /proc/<pid>/task/*/children)."""
+    out: list[int] = []
+    for children in Path(f"/proc/{pid}/task").glob("*/children"):
+        with contextlib.suppress(OSError):
+            for child in children.read_text().split():
+                out += [int(child), *descendants(int(child))]
+    return out
+
+
+def tree_rss_mib(pid: int) -> float:
+    """RSS of the process and its descendants (the controller's allocation worker)."""
+    return sum(rss_mib(p) for p in [pid, *descendants(pid)])
 
 
 def rss_mib(pid: int) -> float:
@@ -316,13 +340,160 @@ def component_pid(state: ClusterState, name: str) -> int:
     return next(c.pid for c in state.components if c.name == name)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def restart_component(
+    cluster: LocalCluster,
+    state: ClusterState,
+    name: str,
+    down_for: float = 0.0,
+    extra_args: Sequence[str] = (),
+) -> None:
+    """Stop component ``name``; after ``down_for`` seconds start it again, with ``extra_args``
+    added to its command line. The cluster's state records the new process, so that the
+    cluster's teardown stops it."""
+    index = next(i for i, c in enumerate(state.components) if c.name == name)
+    old = state.components[index]
+    ManagedProcess.adopt(old).stop()
+    if down_for:
+        time.sleep(down_for)  # the outage itself, not a synchronisation
+    argv = [a for a in old.argv if not any(a.startswith(e.split("=")[0] + "=") for e in extra_args)]
+    process = ManagedProcess.start(
+        name,
+        [*argv, *extra_args],
+        log_path=Path(old.log),
+        cwd=cluster.layout.workdir(name),
+        exe=old.exe,
+    )
+    state.components[index] = process.record
+    state.save(cluster.layout.state_file)
+
+
+def serving(api: AdminAPI) -> bool:
+    try:
+        api.get(path_for("v1", "namespaces", name="default"))
+    except Exception:
+        return False
+    return True
+
+
+def allocated(api: AdminAPI, namespace: str, name: str) -> bool:
+    obj = api.get_or_none(path_for(R, "resourceclaims", namespace, name))
+    return bool(obj and (obj.get("status") or {}).get("allocation"))
+
+
+@dataclass
+class Stage:
+    stage: str
+    count: float
+    total: float
+    buckets: list[tuple[float, float]]  # (upper bound, cumulative count)
+
+    def quantile(self, q: float) -> float:
+        """The upper bound of the bucket that holds quantile ``q`` (histograms keep no more)."""
+        want = q * self.count
+        return next((le for le, n in self.buckets if n >= want), float("inf"))
+
+    def row(self) -> list[str]:
+        mean = self.total / self.count if self.count else float("nan")
+        return [
+            self.stage,
+            f"{self.count:.0f}",
+            f"{mean * 1000:.1f}",
+            f"<= {self.quantile(0.5) * 1000:g}",
+            f"<= {self.quantile(0.99) * 1000:g}",
+        ]
+
+
+def stage_times(metrics_text: str) -> list[Stage]:
+    """The per-stage histogram of the controller's ``/metrics``, in pipeline order."""
+    found: dict[str, Stage] = {}
+    for family in text_string_to_metric_families(metrics_text):
+        if family.name != METRIC:
+            continue
+        for sample in family.samples:
+            stage = sample.labels.get("stage", "")
+            entry = found.setdefault(stage, Stage(stage, 0.0, 0.0, []))
+            if sample.name.endswith("_bucket"):
+                entry.buckets.append((float(sample.labels["le"]), sample.value))
+            elif sample.name.endswith("_count"):
+                entry.count = sample.value
+            elif sample.name.endswith("_sum"):
+                entry.total = sample.value
+    return [found[s] for s in STAGES if s in found]
+
+
+@dataclass
+class AtScale:
+    deallocated: int
+    deallocation_seconds: float
+    outage_seconds: float
+    resume_seconds: float  # apiserver answers again -> first allocation seen
+
+    def rows(self) -> list[list[str]]:
+        return [
+            [
+                f"deallocate {self.deallocated} immediate claims (deletecollection -> all gone)",
+                f"{self.deallocation_seconds:.2f} s",
+                f"{self.deallocated / self.deallocation_seconds:.1f} claims/s",
+            ],
+            [
+                f"first allocation after a {self.outage_seconds:g} s apiserver outage "
+                "(apiserver answers -> allocated)",
+                f"{self.resume_seconds:.2f} s",
+                "",
+            ],
+        ]
+
+
+def deallocate_and_outage(
+    cluster: LocalCluster,
+    state: ClusterState,
+    api: AdminAPI,
+    namespace: str,
+    n: int,
+    outage: float,
+    make_claim: Callable[[str], Obj],
+    proc: ControllerProcess,
+) -> AtScale:
+    """With the controller running: delete every claim, then an apiserver outage."""
+    started = time.monotonic()
+    delete_claims(api, namespace)
+    deallocation = time.monotonic() - started
+    restart_component(cluster, state, "kube-apiserver", down_for=outage)
+    wait_until("apiserver answers after the outage", lambda: serving(api), 120, interval=0.02)
+    back = time.monotonic()
+    name = "after-outage"
+    # The apiserver may still refuse writes for a moment while it starts (e.g. webhooks):
+    # retried until the claim exists; the time counts from its first answer all the same.
+    wait_until(
+        "claim created after the outage",
+        lambda: api.create(path_for(R, "resourceclaims", namespace), make_claim(name)),
+        60,
+        interval=0.02,
+        ignore=(Exception,),
+    )
+    wait_until(
+        "first allocation after the outage",
+        lambda: allocated(api, namespace, name),
+        120,
+        interval=0.02,
+        watch=[proc.process] if proc.process is not None else [],
+        ignore=(Exception,),
+    )
+    resumed = time.monotonic() - back
+    delete_claims(api, namespace)
+    return AtScale(n, deallocation, outage, resumed)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--claims", type=int, default=1000)
     parser.add_argument("--devices", type=int, default=10_000)
-    parser.add_argument("--workers", type=int, default=4, help="controller reconcile workers")
+    parser.add_argument("--workers", type=int, default=16, help="the controller's --claim-workers")
     parser.add_argument("--deadline", type=float, default=600.0, help="seconds for all claims")
-    args = parser.parse_args()
+    parser.add_argument("--scheduler-qps", type=int, default=1000, help="kube-scheduler QPS")
+    parser.add_argument("--scheduler-burst", type=int, default=2000, help="kube-scheduler burst")
+    parser.add_argument("--outage", type=float, default=60.0, help="apiserver outage, seconds")
+    args = parser.parse_args(argv)
     if args.claims > args.devices:
         parser.error("--claims must not exceed --devices")
     bench_id = uuid.uuid4().hex[:8]
@@ -330,6 +501,7 @@ def main() -> None:
     cls = f"bca-{bench_id}"
     namespace = f"bench-ca-{bench_id}"
     n = args.claims
+    limits = f"QPS {args.scheduler_qps} / burst {args.scheduler_burst}"
     work = Path(tempfile.mkdtemp(prefix="bench-ca-"))
     layout = isolated_layout(work)
     print(
@@ -356,15 +528,15 @@ def main() -> None:
             def model(i: int) -> str:
                 return MODELS[i % len(MODELS)]
 
-            # Phase 1: dradriver-controller, immediate allocation.
+            # Phase 1: dradriver-controller, immediate allocation, as deployed (leader
+            # election on, no client-side rate limit).
             proc = ControllerProcess(
                 f"bench-{bench_id}",
                 controller_kubeconfig(api, cluster, work),
                 work,
                 extra_args=[
-                    "--no-leader-elect",
                     f"--allocation-namespace={namespace}",
-                    f"--workers={args.workers}",
+                    f"--claim-workers={args.workers}",
                     "--log-level=warning",
                 ],
             )
@@ -385,13 +557,40 @@ def main() -> None:
                     measure(kubeconfig, namespace, n, args.deadline, create_claim)
                 )
                 controller = Result(
-                    "dradriver-controller (claims)", "claims", sent, seen, before, rss_mib(pid)
+                    "dradriver-controller (claims)",
+                    "claims",
+                    sent,
+                    seen,
+                    before,
+                    rss_mib(pid),
+                    tree_rss_mib(pid),
                 )
-                delete_claims(api, namespace)  # while it runs: it removes its finalizer
+                metrics = proc.get("/metrics")
+                stages = stage_times(metrics.text) if metrics is not None else []
+                at_scale = deallocate_and_outage(
+                    cluster,
+                    state,
+                    api,
+                    namespace,
+                    n,
+                    args.outage,
+                    lambda name: claim(namespace, name, cls, driver, model(0)),
+                    proc,
+                )
             finally:
                 proc.stop()
 
-            # Phase 2: kube-scheduler through pods, same claims, same free inventory.
+            # Phase 2: kube-scheduler through pods, same claims, same free inventory, its
+            # client limits lifted as the controller has none.
+            restart_component(
+                cluster,
+                state,
+                "kube-scheduler",
+                extra_args=[
+                    f"--kube-api-qps={args.scheduler_qps}",
+                    f"--kube-api-burst={args.scheduler_burst}",
+                ],
+            )
             create_node(api, n + 100)
             for i in range(n):
                 api.create(
@@ -418,7 +617,13 @@ def main() -> None:
 
             sent, seen = asyncio.run(scheduler_phase())
             scheduler = Result(
-                "kube-scheduler (pods)", "pods", sent, seen, before, rss_mib(sched_pid)
+                "kube-scheduler (pods)",
+                "pods",
+                sent,
+                seen,
+                before,
+                rss_mib(sched_pid),
+                tree_rss_mib(sched_pid),
             )
             bound = sum(
                 1
@@ -432,27 +637,52 @@ def main() -> None:
                 f"\nAllocation of {n} claims (1 device each, CEL selector on `model`) over "
                 f"{args.devices} devices ({len(published)} allNodes slices), isolated cluster\n"
             )
+            rows = [controller.row(), scheduler.row()]
+            rows[0].insert(1, "none (no client-side limiter)")
+            rows[1].insert(1, limits)
             print(
                 table(
-                    ["path", "allocated", "rate", "p50 ms", "p99 ms", "process RSS MiB"],
-                    [controller.row(), scheduler.row()],
+                    [
+                        "path",
+                        "client limits",
+                        "allocated",
+                        "rate",
+                        "p50 ms",
+                        "p99 ms",
+                        "process RSS MiB",
+                        "with children MiB",
+                    ],
+                    rows,
                 )
             )
             print(
                 f"\nratio: controller claims/s / scheduler pods/s = "
                 f"{controller.rate / scheduler.rate:.2f}x"
             )
+            print(f"\nController stages ({METRIC}, per claim):\n")
+            print(
+                table(
+                    ["stage", "claims", "mean ms", "p50 ms", "p99 ms"],
+                    [s.row() for s in stages],
+                )
+            )
+            print("\nController at scale (same controller process, after the allocation):\n")
+            print(table(["scenario", "time", "rate"], at_scale.rows()))
             print(
                 "\ncontroller: immediate claims (annotation), "
-                f"{args.workers} workers; time = claim create sent -> allocation seen.\n"
-                "scheduler: the cluster's kube-scheduler (defaults: client QPS 50, burst 100),\n"
+                f"{args.workers} claim workers, leader election on; time = claim create sent -> "
+                "allocation seen.\n"
+                f"scheduler: the cluster's kube-scheduler restarted with client {limits},\n"
                 "one pod per pre-created claim (resourceClaimName) on a kubelet-less node with\n"
                 f"allocatable pods {n + 100} (a kubelet's maxPods 110 would stop NodeResourcesFit\n"
                 "before DRA); time = pod create sent -> claim allocation seen (written in\n"
                 "PreBind, before binding). Pods bound right after the last allocation: "
                 f"{bound}/{n}.\n"
                 "RSS = the allocating process (dradriver-controller / kube-scheduler), "
-                "before -> after."
+                "before -> after (both cache the same slices and claims; the scheduler also "
+                "the pods);\nwith children: after, plus its child processes (the "
+                "controller's allocation worker).\n"
+                "Stage p50/p99 are histogram bucket bounds."
             )
         ok = True
     finally:

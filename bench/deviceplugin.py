@@ -28,7 +28,7 @@ import random
 import shutil
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -42,11 +42,11 @@ from bench.common import (
     free_port,
     ms,
     percentile,
+    shared_layout,
     short_workdir,
     table,
 )
 from devtools.cluster.api import AdminAPI
-from devtools.cluster.config import Layout, default_state_dir
 from devtools.cluster.local import LocalCluster, running_cluster
 from devtools.cluster.wait import wait_until
 from devtools.harness.nodeplugin import NodePlugin, start_node_plugin
@@ -55,6 +55,9 @@ from dradriver.devices.static import create_mock_device
 from dradriver.k8s.paths import RESOURCE_V1, path_for
 from dradriver.kubeletapi.gen import deviceplugin_v1beta1_pb2 as dp
 from dradriver.kubeletapi.gen import deviceplugin_v1beta1_pb2_grpc as dp_grpc
+
+SMOKE_ARGS = ("--iterations", "3", "--devices", "12", "--health-rounds", "1")
+CLUSTER = "shared"  # the running local cluster, or one it starts (bench/__init__.py)
 
 RPC_DRIVER = "dpbench.dradriver.dev"
 RPC_NODE = "bench-dp-node"
@@ -289,15 +292,15 @@ def rows(results: dict[str, list[float]]) -> list[list[str]]:
     ]
 
 
-def main() -> None:
+def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--iterations", type=int, default=200, help="calls per RPC scenario")
     parser.add_argument("--devices", type=int, default=128, help="devices of the RPC shim")
     parser.add_argument("--health-rounds", type=int, default=10, help="down/up cycles")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.devices < WARMUP + 4:
         parser.error(f"--devices must be at least {WARMUP + 4}")
-    layout = Layout(state_dir=default_state_dir())
+    layout = shared_layout()
     with running_cluster(layout) as (cluster, state, _started):
         rpc = asyncio.run(rpc_bench(Path(state.kubeconfig), args.iterations, args.devices))
         health = health_bench(cluster, args.health_rounds)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -45,13 +46,16 @@ from bench.common import (
     go_publish_outcome,
     ours_plugin,
     rss_kib,
+    shared_layout,
     short_workdir,
     table,
     wait_published,
 )
 from devtools.cluster.api import AdminAPI
-from devtools.cluster.config import Layout, default_state_dir
 from devtools.cluster.local import running_cluster
+
+SMOKE_ARGS = ("--devices", "10", "--claims", "2", "--no-go")
+CLUSTER = "shared"  # the running local cluster, or one it starts (bench/__init__.py)
 
 OUR_DRIVER = "rss.bench.dradriver.dev"
 GO_NODE = "bench-go-rss"
@@ -105,12 +109,12 @@ def mib(kib: int | None) -> str:
     return "n/a" if kib is None else f"{kib / 1024:.1f}"
 
 
-def main() -> None:
+def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--devices", type=int, default=1000)
     parser.add_argument("--claims", type=int, default=100)
     parser.add_argument("--no-go", action="store_true", help="skip the Go reference")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.claims > args.devices:
         parser.error("--claims must not exceed --devices (every claim gets its own device)")
 
@@ -118,7 +122,7 @@ def main() -> None:
     ours: Memory | None = None
     go: Memory | None = None
     go_error = "" if binary is not None else go_how
-    layout = Layout(state_dir=default_state_dir())
+    layout = shared_layout()
     with running_cluster(layout) as (cluster, state, _started), cluster.api() as api:
         kubeconfig = Path(state.kubeconfig)
         namespace = bench_namespace(api)

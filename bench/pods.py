@@ -29,6 +29,7 @@ import argparse
 import asyncio
 import contextlib
 import math
+import os
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -318,15 +319,24 @@ def allocatable_pods(api: AdminAPI, node: str) -> int:
     return int((status.get("allocatable") or {}).get("pods", "0"))
 
 
-def main() -> None:
+SMOKE_ARGS: tuple[str, ...] = ("--pods", "2")
+CLUSTER = "shared"  # the usual local cluster, node-1 (bench/__init__.py)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--pods", default="50,120,200", help="comma-separated pod counts")
     parser.add_argument(
         "--devices", type=int, default=0, help="devices per plugin (default: pods + 1)"
     )
-    parser.add_argument("--runtime", type=parse_runtime, default="fake", help="fake or real")
+    parser.add_argument(
+        "--runtime",
+        type=parse_runtime,
+        default=os.environ.get("DRADRIVER_RUNTIME", "fake"),
+        help="fake or real (default $DRADRIVER_RUNTIME, else fake)",
+    )
     parser.add_argument("--no-go", action="store_true", help="skip the Go reference")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     counts = [int(c) for c in args.pods.split(",") if c.strip()]
     if not counts or min(counts) < 1:
         parser.error("--pods needs positive counts, e.g. 50,200")

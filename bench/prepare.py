@@ -48,13 +48,16 @@ from bench.common import (
     ms,
     ours_plugin,
     percentile,
+    shared_layout,
     short_workdir,
     table,
     wait_published,
 )
 from devtools.cluster.api import AdminAPI
-from devtools.cluster.config import Layout, default_state_dir
 from devtools.cluster.local import running_cluster
+
+SMOKE_ARGS = ("--iterations", "3", "--rounds", "1", "--claims", "3", "--devices", "16", "--no-go")
+CLUSTER = "shared"  # the running local cluster, or one it starts (bench/__init__.py)
 
 OUR_DRIVER = "bench.dradriver.dev"
 GO_NODE = "bench-go-node"
@@ -148,14 +151,14 @@ def bench_plugin(
         delete_slices(api, plugin.node, plugin.driver)
 
 
-def main() -> None:
+def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--iterations", type=int, default=300, help="sequential iterations")
     parser.add_argument("--rounds", type=int, default=5, help="rounds of the 100-claim scenarios")
     parser.add_argument("--claims", type=int, default=100, help="claims per concurrent round")
     parser.add_argument("--devices", type=int, default=128, help="devices per plugin")
     parser.add_argument("--no-go", action="store_true", help="skip the Go reference")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.claims > args.devices:
         parser.error("--claims must not exceed --devices (every claim gets its own device)")
 
@@ -163,7 +166,7 @@ def main() -> None:
     ours: Result | None = None
     go: Result | None = None
     go_error = "" if binary is not None else go_how
-    layout = Layout(state_dir=default_state_dir())
+    layout = shared_layout()
     with running_cluster(layout) as (cluster, state, _started), cluster.api() as api:
         kubeconfig = Path(state.kubeconfig)
         namespace = bench_namespace(api)

@@ -25,7 +25,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
 
@@ -40,6 +40,9 @@ from devtools.cluster.wait import wait_until
 from dradriver.k8s.errors import KubeAPIError
 from dradriver.k8s.objects import Obj
 from dradriver.k8s.paths import path_for
+
+SMOKE_ARGS = ("--pods", "1")
+CLUSTER = "exclusive"  # starts clusters of its own on the usual ports (bench/__init__.py)
 
 NAMESPACE = "default"
 POD_TIMEOUT = 120.0
@@ -126,10 +129,10 @@ def _seconds(values: float | list[float], q: float | None = None) -> str:
     return f"{values:.2f}"
 
 
-def main() -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--pods", type=int, default=20, help="pods per runtime (default 20)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
 
     started = time.monotonic()
     bin_dir = runtimebin.ensure_runtime_binaries()

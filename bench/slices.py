@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,11 +42,11 @@ from bench.common import (
     go_publish_outcome,
     node_slices,
     published_devices,
+    shared_layout,
     short_workdir,
     table,
 )
 from devtools.cluster.api import AdminAPI
-from devtools.cluster.config import Layout, default_state_dir
 from devtools.cluster.local import running_cluster
 from devtools.cluster.wait import wait_until
 from dradriver.devices.config import StaticDeviceEntry
@@ -53,6 +54,9 @@ from dradriver.devices.model import Device
 from dradriver.k8s.client import KubeClient, load_connection
 from dradriver.resourceslice.pool import node_pool
 from dradriver.resourceslice.publisher import SlicePublisher, slice_informer
+
+SMOKE_ARGS = ("--sizes", "10", "--no-go")
+CLUSTER = "shared"  # the running local cluster, or one it starts (bench/__init__.py)
 
 DRIVER = "slices.bench.dradriver.dev"
 GO_NODE = "bench-go-slices"
@@ -139,17 +143,17 @@ def go_attempt(api: AdminAPI, binary: Path, kubeconfig: Path, count: int) -> str
             delete_node(api, GO_NODE)
 
 
-def main() -> None:
+def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", default="1000,10000", help="device counts, comma-separated")
     parser.add_argument("--no-go", action="store_true", help="skip the Go reference")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
 
     binary, go_how = (None, "skipped (--no-go)") if args.no_go else go_binary()
     results: dict[int, list[Step]] = {}
     go_results: dict[int, str] = {}
-    layout = Layout(state_dir=default_state_dir())
+    layout = shared_layout()
     with running_cluster(layout) as (cluster, state, _started), cluster.api() as api:
         kubeconfig = Path(state.kubeconfig)
         for count in sizes:

@@ -19,8 +19,7 @@ import asyncio
 import contextlib
 from dataclasses import dataclass
 from pathlib import Path
-
-from fastapi import FastAPI
+from typing import TYPE_CHECKING
 
 from controller.claims.reconciler import ClaimReconciler, claims_using
 from controller.claims.worker import AllocationWorker
@@ -35,6 +34,7 @@ from dradriver.k8s.client import KubeClient
 from dradriver.k8s.paths import RESOURCE_V1, path_for
 from dradriver.log import get_logger
 from dradriver.runtime import (
+    Backoff,
     Controller,
     Informer,
     LeaderElectionConfig,
@@ -42,9 +42,11 @@ from dradriver.runtime import (
     RuntimeMetrics,
     default_identity,
 )
-from dradriver.webhook.app import build_app as build_webhook_app
-from dradriver.webhook.server import WebhookServer
-from dradriver.webhook.validation import Settings as WebhookSettings
+
+if TYPE_CHECKING:  # the webhook (FastAPI, uvicorn) is imported only by a process serving it
+    from fastapi import FastAPI
+
+    from dradriver.webhook.server import WebhookServer
 
 log = get_logger("controller")
 
@@ -61,6 +63,9 @@ class Options:
     identity: str | None = None
     http_address: str = "127.0.0.1:8081"
     workers: int = 4
+    # Claim workers mostly wait on API writes (the searches take turns in the worker
+    # process), so more of them means more writes in flight, not more CPU.
+    claim_workers: int = 16
     shutdown_grace: float = 10.0
     allocation_namespaces: tuple[str, ...] = ()
     # Wall-clock seconds one claim's search may take (all nodes), in the worker process.
@@ -69,6 +74,17 @@ class Options:
     webhook_address: str | None = None
     webhook_cert: Path | None = None
     webhook_key: Path | None = None
+
+
+# How often a cache retries a failed list or watch, at most. An apiserver that is down
+# refuses connections at once, so one attempt per informer per second costs little, and
+# the caches catch up within a second of its return: with the runtime's default cap of
+# 30 s they took 21-24 s after a 60 s outage, and no claim was allocated meanwhile.
+RETRY_CAP = 1.0
+
+
+def retry_backoff() -> Backoff:
+    return Backoff(base=0.2, cap=RETRY_CAP)
 
 
 class ControllerApp:
@@ -82,26 +98,36 @@ class ControllerApp:
             path_for(RESOURCE_V1, "resourceclaims"),
             name="resourceclaims",
             metrics=self.metrics,
+            backoff=retry_backoff(),
         )
         self.parameters = Informer(
             client,
             path_for(f"{driver}/{params.VERSION}", params.PLURAL),
             name="deviceclaimparameters",
             metrics=self.metrics,
+            backoff=retry_backoff(),
         )
         self.slices = Informer(
             client,
             path_for(RESOURCE_V1, "resourceslices"),
             name="resourceslices",
             metrics=self.metrics,
+            backoff=retry_backoff(),
         )
         self.classes = Informer(
             client,
             path_for(RESOURCE_V1, "deviceclasses"),
             name="deviceclasses",
             metrics=self.metrics,
+            backoff=retry_backoff(),
         )
-        self.nodes = Informer(client, path_for("v1", "nodes"), name="nodes", metrics=self.metrics)
+        self.nodes = Informer(
+            client,
+            path_for("v1", "nodes"),
+            name="nodes",
+            metrics=self.metrics,
+            backoff=retry_backoff(),
+        )
         # Pods not bound yet: the controller holds its writes while the scheduler decides.
         self.pending_pods = Informer(
             client,
@@ -109,12 +135,14 @@ class ControllerApp:
             name="unscheduled-pods",
             field_selector="spec.nodeName=",
             metrics=self.metrics,
+            backoff=retry_backoff(),
         )
         self.network_pools = Informer(
             client,
             path_for(f"{driver}/{net.VERSION}", net.PLURAL),
             name="networkdevicepools",
             metrics=self.metrics,
+            backoff=retry_backoff(),
         )
         self.informers = [
             self.claims,
@@ -157,13 +185,14 @@ class ControllerApp:
             fence_namespace=options.lease_namespace,  # fence claims live by the Lease
             worker=self.allocation_worker,
             allocation_timeout=options.allocation_timeout,
+            registry=self.metrics.registry,
         )
         waiting = self.claim_reconciler.waiting_keys
         claims_controller = (
             Controller(
                 "resourceclaims",
                 self.claim_reconciler,
-                workers=options.workers,
+                workers=options.claim_workers,
                 metrics=self.metrics,
             )
             .watches(self.claims)
@@ -256,6 +285,9 @@ class ControllerApp:
         """The admission webhook's app (POST /validate, /healthz, /readyz, /metrics), with
         this process's readiness and metrics registry. Validation needs no leader: every
         replica serves it. Build it once (it registers the webhook's metrics)."""
+        from dradriver.webhook.app import build_app as build_webhook_app
+        from dradriver.webhook.validation import Settings as WebhookSettings
+
         # Every class of the driver (as the standalone webhook and the registration's
         # matchConditions have it): a request naming any of them gets its selectors
         # compiled and cost-checked, not only one naming the class called like the driver.
@@ -272,6 +304,8 @@ class ControllerApp:
         if o.webhook_address is not None:
             if o.webhook_cert is None or o.webhook_key is None:
                 raise ValueError("the webhook needs a certificate and a key")
+            from dradriver.webhook.server import WebhookServer
+
             self.webhook = WebhookServer(
                 self.webhook_app(), o.webhook_address, o.webhook_cert, o.webhook_key
             )

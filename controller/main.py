@@ -114,6 +114,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="reconcile workers per controller (default: %(default)s)",
     )
     parser.add_argument(
+        "--claim-workers",
+        type=int,
+        default=16,
+        help="workers of the claim controller (immediate allocation and deallocation); they "
+        "wait on API writes, searches take turns (default: %(default)s)",
+    )
+    parser.add_argument(
         "--shutdown-grace",
         type=float,
         default=10.0,
@@ -166,8 +173,8 @@ def options_from(args: argparse.Namespace) -> Options:
                 raise ValueError(f"{flag}: {path} does not exist or is not a file")
     elif args.webhook_cert is not None or args.webhook_key is not None:
         raise ValueError("--webhook-cert and --webhook-key need --webhook-address")
-    if args.workers < 1:
-        raise ValueError("--workers must be at least 1")
+    if args.workers < 1 or args.claim_workers < 1:
+        raise ValueError("--workers and --claim-workers must be at least 1")
     if not args.allocation_timeout > 0:
         raise ValueError("--allocation-timeout must be a positive number of seconds")
     try:
@@ -192,6 +199,7 @@ def options_from(args: argparse.Namespace) -> Options:
         identity=args.identity,
         http_address=args.http_address,
         workers=args.workers,
+        claim_workers=args.claim_workers,
         shutdown_grace=args.shutdown_grace,
         allocation_namespaces=tuple(args.allocation_namespaces),
         allocation_timeout=args.allocation_timeout,

@@ -125,7 +125,7 @@ class ConflictHold:
             )
             log.info("held claim in use keeps its allocation: hold lifted", claim=key)
             return lifted
-        quiet, why = self.scheduler.quiet()
+        quiet, why = self.scheduler.quiet(self.holdings.seen_since(key))
         if not quiet:
             raise RequeueAfter(1.0, f"held claim waits for a quiet scheduler: {why}")
         require_leader(self.is_leader, f"claim {key}")

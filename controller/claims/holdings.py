@@ -9,6 +9,8 @@ wrote that the informer has not shown yet.
 
 from __future__ import annotations
 
+import time
+
 from controller.claims.allocation import allocation_of, claim_path
 from dradriver.allocator import AllocatedState
 from dradriver.k8s.client import KubeClient
@@ -30,6 +32,21 @@ class Holdings:
         self.claims = claims
         self.state = AllocatedState()
         self.inflight: dict[str, tuple[Obj, int | None]] = {}
+        # key -> when the informer first showed the claim's current allocation
+        # (monotonic): how long the scheduler has had to count its devices.
+        self.seen_at: dict[str, float] = {}
+
+    def allocation_seen(self, key: str) -> None:
+        """The informer shows claim ``key`` allocated (the first time is recorded)."""
+        self.seen_at.setdefault(key, time.monotonic())
+
+    def allocation_gone(self, key: str) -> None:
+        """The informer shows claim ``key`` without an allocation, or gone."""
+        self.seen_at.pop(key, None)
+
+    def seen_since(self, key: str) -> float:
+        """When claim ``key``'s allocation was first seen; now if it has not been yet."""
+        return self.seen_at.get(key, time.monotonic())
 
     def allocation(self, key: str) -> Obj | None:
         """Claim ``key``'s allocation: the informer's, else the one we wrote meanwhile."""
@@ -43,6 +60,12 @@ class Holdings:
         """Count ``allocation``'s devices as taken by ``key`` before it is written."""
         self.state.add(key, allocation)
         self.inflight[key] = (allocation, None)
+
+    def unreserve(self, key: str) -> None:
+        """Give back what :meth:`reserve` took, unless the informer shows ``key`` allocated."""
+        self.inflight.pop(key, None)
+        if allocation_of(self.claims.get(key) or {}) is None:
+            self.state.remove(key)
 
     async def write(self, key: str, claim: Obj, allocation: Obj) -> Obj:
         """Write ``allocation`` into the claim (at its resourceVersion); returns the claim.
@@ -61,9 +84,7 @@ class Holdings:
                 },
             )
         except BaseException:
-            self.inflight.pop(key, None)
-            if allocation_of(self.claims.get(key) or {}) is None:
-                self.state.remove(key)
+            self.unreserve(key)
             raise
         if key in self.inflight:
             self.inflight[key] = (allocation, revision(written))
@@ -88,4 +109,5 @@ class Holdings:
             raise
         self.inflight.pop(key, None)
         self.state.remove(key)
+        self.allocation_gone(key)
         return updated

@@ -23,7 +23,11 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Coroutine, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from prometheus_client import CollectorRegistry
 
 from controller.claims import fences
 from controller.claims.allocation import (
@@ -44,6 +48,7 @@ from controller.claims.conflicts import ConflictHold
 from controller.claims.fencing import Fencing
 from controller.claims.holdings import Holdings
 from controller.claims.scheduler import SchedulerActivity
+from controller.claims.stages import StageTimes
 from controller.claims.stats import AllocationStats
 from controller.claims.worker import AllocationAnswer, AllocationJob, AllocationWorker, Inventory
 from controller.leadership import require_leader
@@ -66,6 +71,20 @@ from dradriver.log import get_logger
 from dradriver.runtime import Informer, RequeueAfter, split_key
 
 log = get_logger("controller")
+
+MAX_BATCH = 32
+"""Claims per round trip to the allocation worker, at most."""
+
+
+@dataclass
+class _Waiting:
+    """A claim waiting for its search; ``future`` gets the answer and the allocation taken."""
+
+    key: str
+    effective: Obj
+    request: Request
+    future: asyncio.Future[tuple[AllocationAnswer, Obj | None]]
+    since: float
 
 
 class ClaimReconciler:
@@ -98,8 +117,10 @@ class ClaimReconciler:
         quiet_period: float = 0.3,
         fence_namespace: str = "dradriver",
         removal_quiet: float = 2.0,
+        removal_window: float = 30.0,
         worker: AllocationWorker | None = None,
         allocation_timeout: float = 10.0,
+        registry: CollectorRegistry | None = None,
     ) -> None:
         self.client = client
         self.driver = driver
@@ -118,9 +139,12 @@ class ClaimReconciler:
             quiet_period=quiet_period,
             max_defer=max_defer,
             removal_quiet=removal_quiet,
+            removal_window=removal_window,
         )
         self.events = EventRecorder(client)
         self.stats = AllocationStats()
+        self.stages = StageTimes(registry)
+        self._background: set[asyncio.Task[None]] = set()
         self.holdings = Holdings(client, claims)
         self.fencing = Fencing(
             client,
@@ -137,11 +161,12 @@ class ClaimReconciler:
         )
         self.unallocatable: set[str] = set()
         self.failures: dict[str, int] = {}
-        # The search runs in a child process; one job at a time from this reconciler, so
-        # that each one's snapshot of the holdings includes what the previous one took.
+        # The search runs in a child process, in batches one after the other, so that
+        # each batch's snapshot of the holdings includes what the previous one took.
         self.worker = worker if worker is not None else AllocationWorker()
         self.allocation_timeout = allocation_timeout
-        self._allocation_turn = asyncio.Lock()
+        self._waiting: list[_Waiting] = []
+        self._batcher: asyncio.Task[None] | None = None
         self._inventory: Inventory | None = None
         self._inventory_generation = 0
         # Claims whose search ran out of budget: not searched again before this time
@@ -190,6 +215,7 @@ class ClaimReconciler:
         allocation = allocation_of(claim)
         if allocation:
             inflight.pop(key, None)
+            self.holdings.allocation_seen(key)
             for conflict in conflicts(key, allocation, state):
                 if self._ours(conflict.other):
                     self.enqueue(conflict.other)
@@ -201,6 +227,9 @@ class ClaimReconciler:
             if written is None or revision(claim) < written:
                 return  # an older version than our write: keep holding the devices
             inflight.pop(key, None)
+        self.holdings.allocation_gone(key)
+        if not meta(claim).get("deletionTimestamp"):
+            self.stages.seen(key)
         if key in state.claims():
             state.remove(key)
             self._devices_freed()
@@ -209,6 +238,8 @@ class ClaimReconciler:
         key = claim_key(claim)
         self.fencing.note_removal(key, fences.removed_devices(claim, None), revision(claim))
         self.holdings.inflight.pop(key, None)
+        self.holdings.allocation_gone(key)
+        self.stages.forget(key)
         self.failures.pop(key, None)
         self.out_of_budget.pop(key, None)
         self.scheduler.forget(key)
@@ -260,6 +291,7 @@ class ClaimReconciler:
         claim = self.claims.get(key)
         if claim is None:
             return
+        self.stages.started(key)
         namespace, _ = split_key(key)
         if self.namespaces and namespace not in self.namespaces:
             return
@@ -289,41 +321,59 @@ class ClaimReconciler:
             return
         if key in self.holdings.inflight:
             return  # written; the informer's update re-enqueues the key
+        finalizer: asyncio.Task[Obj] | None = None
         if FINALIZER not in finalizers(claim):
             self._check_leader(key)
-            claim = await self._patch(
-                key,
-                {
-                    "metadata": {
-                        "resourceVersion": meta(claim)["resourceVersion"],
-                        "finalizers": [*finalizers(claim), FINALIZER],
-                    }
-                },
-            )
-            log.info("finalizer added", claim=key)
-        await self._allocate(key, claim, request)
+            # The search does not need the finalizer, so the patch overlaps it; the
+            # allocation is written only after it, at the version it returned (so never
+            # without the finalizer, and never over a change made meanwhile).
+            finalizer = asyncio.create_task(self._add_finalizer(key, claim))
+        try:
+            await self._allocate(key, claim, request, finalizer)
+        finally:
+            if finalizer is not None and not finalizer.done():
+                await asyncio.wait([finalizer])  # no write of ours outlives the reconcile
 
-    async def _allocate(self, key: str, claim: Obj, request: Request) -> None:
+    async def _add_finalizer(self, key: str, claim: Obj) -> Obj:
+        sent = time.monotonic()
+        claim = await self._patch(
+            key,
+            {
+                "metadata": {
+                    "resourceVersion": meta(claim)["resourceVersion"],
+                    "finalizers": [*finalizers(claim), FINALIZER],
+                }
+            },
+        )
+        self.stages.observe("finalizer_write", time.monotonic() - sent)
+        log.info("finalizer added", claim=key)
+        return claim
+
+    async def _allocate(
+        self, key: str, claim: Obj, request: Request, finalizer: asyncio.Task[Obj] | None = None
+    ) -> None:
+        """Search, take the devices, write the allocation (after ``finalizer``, if given:
+        the finalizer patch in flight, whose answer is the claim to write at)."""
         retry_at = self.out_of_budget.get(key)
         if retry_at is not None and time.monotonic() < retry_at:
             raise RequeueAfter(retry_at - time.monotonic(), "the last search ran out of budget")
         self.scheduler.wait_before_allocating(key)
         effective = effective_claim(claim, request)  # the parameters' count and selectors
-        allocation: Obj | None = None
-        async with self._allocation_turn:
-            job = AllocationJob.of(
-                effective,
-                self.holdings.state,
-                [node_info(n) for n in self.nodes.items()],
-                self.allocation_timeout,
-            )
-            answer = await self.worker.allocate(job, self.inventory())
-            if answer.allocation is not None:
-                allocation = self._take(key, answer, request)
+        answer, allocation = await self._search(key, effective, request)
+        if finalizer is not None:
+            try:
+                claim = await finalizer
+            except BaseException:
+                if allocation is not None:
+                    self.holdings.unreserve(key)
+                raise
         if allocation is None:
             await self._failed(key, claim, self._failure_message(answer), answer.exhausted)
             return
+        sent = time.monotonic()
         written = await self.holdings.write(key, claim, allocation)
+        self.stages.observe("status_write", time.monotonic() - sent)
+        self.stages.done(key)
         self.stats.allocated += 1
         devices = [
             f"{r['driver']}/{r['pool']}/{r['device']}"
@@ -331,15 +381,99 @@ class ClaimReconciler:
         ]
         node = allocated_node(allocation)
         log.info("claim allocated", claim=key, devices=devices, node=node or "any")
-        await self.events.emit(
-            written,
-            "ResourceClaim",
-            "Normal",
-            "Allocated",
-            f"allocated {', '.join(devices)}" + (f" on node {node}" if node else ""),
+        self._in_background(
+            self._timed(
+                "event",
+                self.events.emit(
+                    written,
+                    "ResourceClaim",
+                    "Normal",
+                    "Allocated",
+                    f"allocated {', '.join(devices)}" + (f" on node {node}" if node else ""),
+                ),
+            )
         )
         await self.conflicts.check(key, written, allocation)
         await self._settled(key, written)
+
+    async def _search(
+        self, key: str, effective: Obj, request: Request
+    ) -> tuple[AllocationAnswer, Obj | None]:
+        """Claim ``key``'s search and, if it found one, the allocation with its devices
+        taken (:meth:`_take`). Searches go to the worker in batches: the claims waiting
+        while a batch runs form the next one (see :mod:`controller.claims.worker`)."""
+        future: asyncio.Future[tuple[AllocationAnswer, Obj | None]] = (
+            asyncio.get_running_loop().create_future()
+        )
+        self._waiting.append(_Waiting(key, effective, request, future, time.monotonic()))
+        if self._batcher is None or self._batcher.done():
+            self._batcher = asyncio.create_task(self._run_batches())
+        try:
+            return await future
+        except asyncio.CancelledError:
+            # Answered and taken just before the cancellation: nobody will write it.
+            answered = future.done() and not future.cancelled() and future.exception() is None
+            if answered and future.result()[1] is not None:
+                self.holdings.unreserve(key)
+            raise
+
+    async def _run_batches(self) -> None:
+        """Send the waiting claims to the worker, up to MAX_BATCH at a time, one batch
+        after the other. All of a batch see the same holdings (the worker keeps them
+        apart); what a batch found is taken before the next batch's snapshot, so each
+        batch sees what the one before took."""
+        while self._waiting:
+            batch = [w for w in self._waiting[:MAX_BATCH] if not w.future.done()]
+            del self._waiting[:MAX_BATCH]
+            if not batch:
+                continue
+            now = time.monotonic()
+            for w in batch:
+                self.stages.observe("turn", now - w.since)
+            snapshot = self.holdings.state.snapshot()
+            nodes = tuple(node_info(n) for n in self.nodes.items())
+            jobs = [
+                AllocationJob(w.effective, snapshot, nodes, self.allocation_timeout) for w in batch
+            ]
+            try:
+                answers = await self.worker.allocate_batch(jobs, self.inventory())
+            except BaseException as e:
+                for w in batch:
+                    if w.future.done():
+                        continue
+                    if isinstance(e, asyncio.CancelledError):
+                        w.future.cancel()
+                    else:
+                        w.future.set_exception(e)
+                raise
+            elapsed = time.monotonic() - now
+            for w, answer in zip(batch, answers, strict=True):
+                self.stages.observe("search", elapsed)
+                if w.future.done():
+                    continue  # its reconcile was cancelled: nothing is taken for it
+                try:
+                    allocation = (
+                        self._take(w.key, answer, w.request)
+                        if answer.allocation is not None
+                        else None
+                    )
+                except Exception as e:
+                    w.future.set_exception(e)
+                    continue
+                w.future.set_result((answer, allocation))
+
+    def _in_background(self, work: Coroutine[Any, Any, None]) -> None:
+        """Run ``work`` without holding up the worker: for writes nothing waits on, such as
+        the ``Allocated`` event (events never fail a reconcile, see EventRecorder). The
+        task is kept until it ends, so it is not collected half way."""
+        task = asyncio.create_task(work)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _timed(self, stage: str, work: Awaitable[None]) -> None:
+        sent = time.monotonic()
+        await work
+        self.stages.observe(stage, time.monotonic() - sent)
 
     def _take(self, key: str, answer: AllocationAnswer, request: Request) -> Obj:
         """The answer's allocation, its devices taken in the holdings before any await.
@@ -414,10 +548,25 @@ class ClaimReconciler:
             others = self._other_holders(key, allocation)
             if others:
                 raise RequeueAfter(2.0, f"devices also held by {others[:3]}: not clearing yet")
-            quiet, why = self.scheduler.quiet()
+            quiet, why = self.scheduler.quiet(self.holdings.seen_since(key))
             if not quiet:
                 raise RequeueAfter(1.0, f"deallocation waits for a quiet scheduler: {why}")
         self._check_leader(key)
+        if allocation and finalizers(claim) == [FINALIZER]:
+            # Ours is the last finalizer: removing it deletes the claim, and the deletion
+            # is the removal the scheduler applies (as it would a clear), in one write
+            # instead of two. The devices stay counted here until the informer shows the
+            # claim gone.
+            deleted = await self._patch(
+                key,
+                {"metadata": {"resourceVersion": meta(claim)["resourceVersion"], "finalizers": []}},
+            )
+            # As after a clear: fence at once if another claim holds a device meanwhile.
+            await self.fencing.after_removal(key, allocation, revision(deleted))
+            self.stats.deallocated += 1
+            log.info("claim deallocated", claim=key, by="its deletion")
+            log.info("finalizer removed", claim=key)
+            return
         if allocation:
             cleared = await self.holdings.clear(key, claim)
             if cleared is None:

@@ -9,6 +9,21 @@ anything. So the controller times its own writes by two signals:
   allocating for them right now, so no allocation is written meanwhile (bounded);
 * the time since a claim last let go of devices: a removal re-queues the scheduler's
   unschedulable pods, so clearing an allocation waits until that has settled.
+
+Removals go in *waves*. A wave opens once the scheduler is quiet (no pod waiting for a
+first verdict, ``removal_quiet`` seconds since the last removal) and lasts up to
+``removal_window`` seconds, or until a pod with claims shows activity; within it every
+claim that is ready may let go of its devices, not one per quiet period. Why that keeps
+the rule: a removal is dangerous only if a scheduling cycle holds, in memory, a device
+the removed claim still holds, which the scheduler does only for a device it does not
+count as taken. The cycles an in-wave removal can meet are those its predecessors in
+the wave re-queued, and they started after the wave opened, from a scheduler state in
+which every claim still to be cleared holds its devices; so they can pick the devices
+the wave freed (free for real), never one of a claim cleared later in the wave, provided
+the scheduler counts that claim's allocation. That is what the per-claim condition
+says: its allocation was seen ``removal_quiet`` seconds before (the same settling time
+the quiet period gives a removal). A device already counted twice is no exception: the
+other holder is visible, and the reconciler does not clear while one is.
 """
 
 from __future__ import annotations
@@ -36,11 +51,14 @@ class SchedulerActivity:
         quiet_period: float = 0.3,
         max_defer: float = 10.0,
         removal_quiet: float = 2.0,
+        removal_window: float = 30.0,
     ) -> None:
         self.pending_pods = pending_pods
         self.quiet_period = quiet_period
         self.max_defer = max_defer
         self.removal_quiet = removal_quiet
+        self.removal_window = removal_window
+        self.wave_opened = -float("inf")  # when the current wave of removals opened
         self.deferred: dict[str, float] = {}  # key -> when we first waited for the scheduler
         self.last_pod_activity = -float("inf")  # when a pod with claims last changed
         self.last_removal = -float("inf")  # when a claim last let go of devices
@@ -88,21 +106,38 @@ class SchedulerActivity:
             busy.append(claim_key(pod))
         return busy
 
-    def quiet(self) -> tuple[bool, str]:
+    def quiet(self, allocated_at: float | None = None) -> tuple[bool, str]:
         """Whether clearing an allocation now is unlikely to race with a scheduling cycle.
 
         A removal the scheduler sees after another claim took the same device makes it
         forget that the device is taken. Removals re-queue its unschedulable pods, so: no
-        pod waiting for a first verdict, and ``removal_quiet`` seconds since the last
-        removal. Returns why not, when not.
+        pod waiting for a first verdict, and either ``removal_quiet`` seconds since the
+        last removal (which opens a wave) or a wave that is still open (module docstring).
+        ``allocated_at``: when the allocation to be cleared was first seen (monotonic);
+        a claim allocated less than ``removal_quiet`` ago waits, since the scheduler may
+        not count its devices yet. Returns why not, when not.
         """
         busy = self.busy()
         if busy:
+            self.wave_opened = -float("inf")  # the scheduler is working: the wave is over
             return False, f"pods being scheduled: {busy[:3]}"
-        since = time.monotonic() - self.last_removal
+        now = time.monotonic()
+        if allocated_at is not None and now - allocated_at < self.removal_quiet:
+            return False, f"allocated {now - allocated_at:.1f}s ago"
+        if self.wave_open(now):
+            return True, ""
+        since = now - self.last_removal
         if since < self.removal_quiet:
             return False, f"a device was freed {since:.1f}s ago"
+        self.wave_opened = now
         return True, ""
+
+    def wave_open(self, now: float) -> bool:
+        """Whether a wave of removals is open: opened within ``removal_window`` seconds,
+        and no pod with claims changed since (the scheduler has work of its own then)."""
+        return now - self.wave_opened < self.removal_window and (
+            self.last_pod_activity < self.wave_opened
+        )
 
     def wait_before_allocating(self, key: str) -> None:
         """Raise :class:`RequeueAfter` while the scheduler is busy, for ``max_defer`` at most.

@@ -24,11 +24,19 @@ with the search in a child process (2-CPU dev VM). So allocations run in a child
 * **Cancellation**: a job whose awaiting coroutine is cancelled (leadership lost,
   shutdown) kills the child: nobody wants its answer.
 
+* **Batches**: :meth:`AllocationWorker.allocate_batch` sends several claims in one
+  round trip, all against the same holdings; the child allocates them one after the
+  other, each against the holdings plus what the batch's earlier claims got, so no two
+  of a batch get the same device (then it forgets the batch's allocations: its copy
+  stays the parent's). A round trip costs far more than a small search (about 50 ms
+  against 0.4-1.5 ms for one claim over 10,000 devices on the loaded 2-CPU dev VM: pipe,
+  thread and process wake-ups), so claims that wait for the worker go together.
+
 Protocol on the child's stdin and (a duplicate of) its stdout: frames of an 8-byte
 big-endian length and a pickle. The parent sends ``(inventory or None, changed, removed,
-job)`` (the holdings' changes); the child answers an :class:`AllocationAnswer` per job,
-after a first ``("ready", pid)``. The child evaluates callback selectors through
-:mod:`dradriver.cel.worker` as any allocator does.
+jobs)`` (the holdings' changes, a list of jobs); the child answers a list of
+:class:`AllocationAnswer` s, one per job, after a first ``("ready", pid)``. The child
+evaluates callback selectors through :mod:`dradriver.cel.worker` as any allocator does.
 """
 
 from __future__ import annotations
@@ -54,6 +62,7 @@ from dradriver.allocator import (
     Held,
     NodeInfo,
     SliceInventory,
+    claim_key,
     explain,
     summarize,
 )
@@ -69,6 +78,7 @@ __all__ = [
     "Inventory",
     "WorkerStats",
     "main",
+    "run_batch",
     "run_job",
 ]
 
@@ -128,6 +138,7 @@ class WorkerStats:
     starts: int = 0
     kills: int = 0  # over budget, cancelled, or broken
     inventories_sent: int = 0
+    batches: int = 0  # round trips (a batch of one or more jobs each)
 
 
 def run_job(allocator: Allocator, state: AllocatedState, job: AllocationJob) -> AllocationAnswer:
@@ -181,9 +192,18 @@ class AllocationWorker:
 
     async def allocate(self, job: AllocationJob, inventory: Inventory) -> AllocationAnswer:
         """The child's answer; a child that fails or overruns is an answer too, not raised."""
+        return (await self.allocate_batch([job], inventory))[0]
+
+    async def allocate_batch(
+        self, jobs: Sequence[AllocationJob], inventory: Inventory
+    ) -> list[AllocationAnswer]:
+        """One answer per job, in order (module docstring, *Batches*); the jobs share the
+        first one's holdings. A failure or an overrun answers every job of the batch."""
         loop = asyncio.get_running_loop()
         abandoned = threading.Event()
-        future = loop.run_in_executor(self._executor, self._roundtrip, job, inventory, abandoned)
+        future = loop.run_in_executor(
+            self._executor, self._roundtrip, list(jobs), inventory, abandoned
+        )
         try:
             return await asyncio.shield(future)
         except asyncio.CancelledError:
@@ -206,46 +226,59 @@ class AllocationWorker:
     # --- in the I/O thread --------------------------------------------------------------
 
     def _roundtrip(
-        self, job: AllocationJob, inventory: Inventory, abandoned: threading.Event
-    ) -> AllocationAnswer:
+        self, jobs: list[AllocationJob], inventory: Inventory, abandoned: threading.Event
+    ) -> list[AllocationAnswer]:
+        def every(answer: AllocationAnswer) -> list[AllocationAnswer]:
+            return [answer] * len(jobs)
+
         if abandoned.is_set():
-            return AllocationAnswer(None, "abandoned")
-        self.stats.jobs += 1
+            return every(AllocationAnswer(None, "abandoned"))
+        self.stats.jobs += len(jobs)
+        self.stats.batches += 1
         started = time.monotonic()
+        budget = sum(job.budget for job in jobs)
         try:
             if self._proc is None or self._proc.poll() is not None:
                 self._start()
             if abandoned.is_set():  # cancelled meanwhile
-                return AllocationAnswer(None, "abandoned")
+                return every(AllocationAnswer(None, "abandoned"))
             send = inventory if self._generation != inventory.generation else None
             base = self._holdings
-            changed = {k: v for k, v in job.holdings.items() if base.get(k) is not v}
-            removed = [k for k in base if k not in job.holdings]
-            self._write(_frame((send, changed, removed, replace(job, holdings={}))))
-            self._holdings = job.holdings
+            holdings = jobs[0].holdings
+            changed = {k: v for k, v in holdings.items() if base.get(k) is not v}
+            removed = [k for k in base if k not in holdings]
+            bare = [replace(job, holdings={}) for job in jobs]
+            self._write(_frame((send, changed, removed, bare)))
+            self._holdings = holdings
             if send is not None:
                 self.stats.inventories_sent += 1
                 self._generation = inventory.generation
-            reply = self._read(job.budget + self.grace)
+            reply = self._read(budget + self.grace)
         except _Timeout:
             self._stop(kill=True)
             log.warning(
                 "allocation worker overran its budget: stopped",
-                budget=job.budget,
+                budget=budget,
                 grace=self.grace,
             )
-            return AllocationAnswer(
-                None,
-                f"no answer within the budget of {job.budget:g} s (stopped)",
-                OUT_OF_TIME,
-                seconds=time.monotonic() - started,
+            return every(
+                AllocationAnswer(
+                    None,
+                    f"no answer within the budget of {budget:g} s (stopped)",
+                    OUT_OF_TIME,
+                    seconds=time.monotonic() - started,
+                )
             )
         except WorkerError as e:
             self._stop(kill=True)
-            return AllocationAnswer(None, f"the allocating process failed: {e}")
-        if not isinstance(reply, AllocationAnswer):
+            return every(AllocationAnswer(None, f"the allocating process failed: {e}"))
+        if not (
+            isinstance(reply, list)
+            and len(reply) == len(jobs)
+            and all(isinstance(a, AllocationAnswer) for a in reply)
+        ):
             self._stop(kill=True)
-            return AllocationAnswer(None, f"the allocating process answered {reply!r}")
+            return every(AllocationAnswer(None, f"the allocating process answered {reply!r}"))
         return reply
 
     def _start(self) -> None:
@@ -354,18 +387,43 @@ def main() -> None:
         message = _read_frame(sys.stdin.buffer)
         if message is None:
             return
-        inventory, changed, removed, job = message
+        inventory, changed, removed, jobs = message
         state.update(changed, removed)
         try:
             if inventory is not None:
                 allocator = Allocator(SliceInventory(inventory.slices, inventory.classes))
             if allocator is None:
                 raise RuntimeError("no inventory was sent")
-            answer = run_job(allocator, state, job)
-        except Exception as e:  # a bug must cost the claim, not the worker
-            answer = AllocationAnswer(None, f"allocation failed: {type(e).__name__}: {e}")
-        out.write(_frame(answer))
+            answers = run_batch(allocator, state, jobs)
+        except Exception as e:  # a bug must cost the claims, not the worker
+            failed = AllocationAnswer(None, f"allocation failed: {type(e).__name__}: {e}")
+            answers = [failed] * len(jobs)
+        out.write(_frame(answers))
         out.flush()
+
+
+def run_batch(
+    allocator: Allocator, state: AllocatedState, jobs: Sequence[AllocationJob]
+) -> list[AllocationAnswer]:
+    """Run ``jobs`` in order, each against ``state`` plus what the earlier ones got; then
+    ``state`` is as it was (the parent's copy)."""
+    before: dict[str, tuple[Held, ...] | None] = {}
+    answers = []
+    try:
+        for job in jobs:
+            answer = run_job(allocator, state, job)
+            answers.append(answer)
+            if answer.allocation is not None:
+                key = claim_key(job.claim)
+                if key not in before:
+                    before[key] = state.snapshot().get(key)
+                state.add(key, answer.allocation)
+    finally:
+        for key, held in before.items():
+            state.remove(key)
+            if held is not None:
+                state.update({key: held}, [])
+    return answers
 
 
 if __name__ == "__main__":

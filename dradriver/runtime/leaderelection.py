@@ -70,6 +70,10 @@ class LeaderElectionConfig:
     lease_duration: float = 15.0
     renew_deadline: float = 10.0
     retry_period: float = 2.0
+    # A candidate whose poll failed (apiserver down, 5xx) polls again this soon, not a
+    # whole retry_period later, so leading resumes within a second of the apiserver's
+    # return; while the apiserver is down such a poll is a refused connection.
+    error_retry: float = 0.5
     jitter: float = 0.2
     release_on_cancel: bool = True
 
@@ -80,8 +84,10 @@ class LeaderElectionConfig:
             raise ValueError("lease_duration must be greater than renew_deadline")
         if self.renew_deadline <= self.retry_period * (1 + self.jitter):
             raise ValueError("renew_deadline must be greater than retry_period * (1 + jitter)")
-        if self.retry_period <= 0 or self.jitter < 0:
-            raise ValueError("retry_period must be positive and jitter non-negative")
+        if self.retry_period <= 0 or self.error_retry <= 0 or self.jitter < 0:
+            raise ValueError(
+                "retry_period and error_retry must be positive and jitter non-negative"
+            )
         if round(self.lease_duration) < 1:
             raise ValueError("lease_duration must be at least 1 second")
 
@@ -174,6 +180,9 @@ class LeaderElector:
                     return
             except Exception as e:
                 log.warning("could not get the lease", lease=self._label, error=_describe(e))
+                retry = min(self.config.error_retry, self.config.retry_period)
+                await asyncio.sleep(self._jittered(retry))
+                continue
             await asyncio.sleep(self._jittered(self.config.retry_period))
 
     async def _lead(self) -> bool:

@@ -83,7 +83,9 @@ def test_standby_finishes_allocating_after_the_leader_is_killed(
     ]
     # One worker in the leader: it allocates one claim after the other, so the kill
     # reliably lands while it is busy.
-    leader = ControllerProcess("leader", kubeconfig, workdir, lease_name, [*common, "--workers=1"])
+    leader = ControllerProcess(
+        "leader", kubeconfig, workdir, lease_name, [*common, "--workers=1", "--claim-workers=1"]
+    )
     standby = ControllerProcess("standby", kubeconfig, workdir, lease_name, common)
     # As many devices as claims: a device given twice leaves a claim unallocatable.
     with Rig(api, namespace, devices=CLAIMS) as rig:

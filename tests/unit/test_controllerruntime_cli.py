@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from controller.app import ControllerApp, Options
+from controller.app import RETRY_CAP, ControllerApp, Options
 from controller.main import build_parser, main, options_from
 from dradriver.k8s.client import KubeClient
 
@@ -81,5 +81,18 @@ def test_readiness_standby_needs_synced_caches() -> None:
         for informer in single.informers:
             informer._synced.set()
         assert single.ready() == (True, "caches synced (no leader election)")
+
+    asyncio.run(scenario())
+
+
+def test_every_cache_retries_a_failed_list_or_watch_within_a_second() -> None:
+    """After an apiserver outage the caches must catch up at once: each informer's retry
+    delay stays at most ``RETRY_CAP`` (plus jitter) however many attempts have failed."""
+
+    async def scenario() -> None:
+        app = ControllerApp(Options(driver_name="dradriver.dev"), _NoServer())
+        for informer in app.informers:
+            delays = [informer._backoff.next() for _ in range(20)]  # a long outage
+            assert max(delays) <= RETRY_CAP * (1 + informer._backoff.jitter), informer.name
 
     asyncio.run(scenario())

@@ -48,9 +48,11 @@ class FakeLeaseClient:
     def __init__(self, store: LeaseStore) -> None:
         self.store = store
         self.partitioned = False
+        self.refused = 0
 
     def _check(self, method: str, path: str) -> None:
         if self.partitioned:
+            self.refused += 1
             raise ConnectionError("network partition")
 
     async def get(self, path: str, **params: Any) -> Obj:
@@ -90,15 +92,12 @@ class Candidate:
         self.client = store.client()
         self.intervals: list[list[float]] = []
         self.work_cancelled = asyncio.Event()
-        cfg = LeaderElectionConfig(
-            namespace="ns",
-            name="lease",
-            identity=name,
-            lease_duration=LEASE,
-            renew_deadline=RENEW,
-            retry_period=RETRY,
-            **config,
-        )
+        timing: dict[str, Any] = {
+            "lease_duration": LEASE,
+            "renew_deadline": RENEW,
+            "retry_period": RETRY,
+        }
+        cfg = LeaderElectionConfig(namespace="ns", name="lease", identity=name, **timing | config)
         self.metrics = RuntimeMetrics()
         self.elector = LeaderElector(
             self.client, cfg, self._lead, self._stopped, metrics=self.metrics
@@ -281,3 +280,32 @@ def test_simultaneous_candidates_never_both_acquire() -> None:
                 assert_never_both(x, y)
 
     run(scenario())
+
+
+def test_after_an_outage_the_candidate_polls_again_soon_not_a_retry_period_later() -> None:
+    """The apiserver is unreachable when the candidate starts and comes back: the candidate
+    leads long before the next ``retry_period`` poll (60 s here), by ``error_retry``."""
+
+    async def scenario() -> None:
+        store = LeaseStore()
+        a = Candidate(
+            store,
+            "a",
+            lease_duration=90.0,
+            renew_deadline=80.0,
+            retry_period=60.0,
+            error_retry=0.05,
+        )
+        a.client.partitioned = True
+        a.start()
+        await eventually("a polled twice during the outage", lambda: a.client.refused >= 2)
+        a.client.partitioned = False
+        await eventually("a leads after the outage", lambda: a.leading, deadline=10.0)
+        await a.stop()
+
+    run(scenario())
+
+
+def test_error_retry_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="error_retry"):
+        LeaderElectionConfig("ns", "l", "me", error_retry=0)
