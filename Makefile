@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: all install protos kube-binaries runtime-binaries lint typecheck test test-unit test-grpc test-cluster demo clean
+.PHONY: all install protos kube-binaries runtime-binaries helm manifests lint typecheck test test-unit test-grpc test-chart test-cluster demo clean
 
 all: install
 
@@ -27,6 +27,15 @@ kube-binaries: install
 runtime-binaries: install
 	$(BIN)/python -m devtools.cluster.runtimebin
 
+# helm v3 from the Go module proxy (helmbin/), cached in ~/.cache/dradriver/helm/; prints
+# its path. The chart tests and the README's install commands use it.
+helm: install
+	$(BIN)/python -m devtools.cluster.helmbin
+
+# Re-render manifests/ from the Helm chart (tests/chart fails while they differ).
+manifests: helm
+	$(BIN)/python -m devtools.manifests --write
+
 lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
@@ -38,7 +47,7 @@ typecheck: install
 # The README's test command: lint, import contracts, types, and every test tier
 # (the cluster tier with node-1 on the real runtime; DRADRIVER_RUNTIME=fake for
 # the fake one).
-test: lint typecheck kube-binaries runtime-binaries
+test: lint typecheck kube-binaries runtime-binaries helm
 	$(BIN)/pytest tests
 
 test-unit: install
@@ -47,7 +56,10 @@ test-unit: install
 test-grpc: install
 	$(BIN)/pytest tests/grpc
 
-test-cluster: kube-binaries runtime-binaries
+test-chart: helm
+	$(BIN)/pytest tests/chart
+
+test-cluster: kube-binaries runtime-binaries helm
 	$(BIN)/pytest tests/cluster
 
 demo: kube-binaries runtime-binaries

@@ -38,6 +38,19 @@ def build_app(
     return app
 
 
+UNIX_PREFIX = "unix:"
+
+
+def unix_socket_path(address: str) -> str | None:
+    """The socket path of ``unix:/abs/path``, else None (a TCP address)."""
+    if not address.startswith(UNIX_PREFIX):
+        return None
+    path = address.removeprefix(UNIX_PREFIX)
+    if not path.startswith("/") or "\0" in path or len(path.encode()) > 107:
+        raise ValueError(f"address {address!r}: a unix socket needs an absolute path (<108 bytes)")
+    return path
+
+
 def parse_address(address: str) -> tuple[str, int]:
     """``host:port`` (host may be empty for all interfaces)."""
     host, sep, port = address.rpartition(":")
@@ -47,15 +60,26 @@ def parse_address(address: str) -> tuple[str, int]:
 
 
 class HTTPEndpoint:
-    """Runs the app until stopped; ``port`` is the bound port (useful with port 0)."""
+    """Runs the app until stopped; ``port`` is the bound port (useful with port 0).
+
+    ``address`` is ``HOST:PORT`` or ``unix:/path``: a pod in the host's network namespace
+    (hostNetwork) serves on a socket in its own filesystem instead, so two pods of a
+    DaemonSet on one node (a rolling update with maxSurge) never compete for a host port;
+    its probes then run :mod:`dradriver.httpprobe`.
+    """
 
     def __init__(self, app: FastAPI, address: str) -> None:
-        host, port = parse_address(address)
-        self._server = uvicorn.Server(
-            uvicorn.Config(
+        uds = unix_socket_path(address)
+        if uds is not None:
+            config = uvicorn.Config(
+                app, uds=uds, log_level="warning", access_log=False, lifespan="off"
+            )
+        else:
+            host, port = parse_address(address)
+            config = uvicorn.Config(
                 app, host=host, port=port, log_level="warning", access_log=False, lifespan="off"
             )
-        )
+        self._server = uvicorn.Server(config)
         self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
