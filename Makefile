@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: all install protos kube-binaries runtime-binaries helm manifests lint typecheck test test-unit test-grpc test-chart test-cluster demo clean
+.PHONY: all install protos kube-binaries runtime-binaries helm manifests image lint typecheck test test-unit test-grpc test-chart test-cluster demo clean
 
 all: install
 
@@ -35,6 +35,12 @@ helm: install
 # Re-render manifests/ from the Helm chart (tests/chart fails while they differ).
 manifests: helm
 	$(BIN)/python -m devtools.manifests --write
+
+# The dradriver image as an OCI archive in ~/.cache/dradriver/images/, built without a
+# registry or a container engine (Debian's packages + the wheel; needs root), cached by
+# content; `make image IMPORT=1` also loads it into the running local cluster's node-1.
+image: install
+	$(BIN)/python -m devtools.image build $(if $(IMPORT),--import)
 
 lint: install
 	$(BIN)/ruff check .
