@@ -9,10 +9,12 @@ What differs from a real cluster, and why:
   with ``lo`` and a carrier-less ``eth0`` (the tap CNI: this kernel has no veth), and there
   is no kube-proxy, so a pod can reach neither the ``kubernetes`` Service nor anything else.
   In the host's network namespace the components reach the apiserver on 127.0.0.1 (its
-  serving certificate names it), and the apiserver reaches the webhook: it runs with
-  ``--enable-aggregator-routing``, which sends webhook calls to the Service's endpoints
-  (the pods' IPs, here the node's 127.0.0.1) instead of its ClusterIP; the TLS name stays
-  ``<service>.<namespace>.svc``. The plugin then serves its probes on a unix socket, so the
+  serving certificate names it). The apiserver cannot reach the webhook through its
+  Service here: it runs with ``--enable-aggregator-routing`` (webhook calls go to the
+  Service's endpoints, not its unroutable ClusterIP), but the pods' IP is the node's
+  127.0.0.1, which Endpoints refuse (loopback), so the Service has none. So the webhook
+  is registered by URL, ``https://127.0.0.1:<port>/validate``, with 127.0.0.1 in the
+  chart-generated certificate: the one replica on node-1. The plugin then serves its probes on a unix socket, so the
   surge pod of a rolling update starts next to the old one; the controller's ports are
   host ports, moved off the harness's defaults.
 * **The plugin only on node-1**, the node with the real runtime: further nodes run the fake
@@ -91,7 +93,11 @@ def local_cluster_values(layout: Layout) -> dict[str, Any]:
             "httpPort": CONTROLLER_HTTP_PORT,
             "nodeSelector": {"kubernetes.io/hostname": node.name},
         },
-        "webhook": {"port": WEBHOOK_PORT},
+        "webhook": {
+            "port": WEBHOOK_PORT,
+            "url": f"https://127.0.0.1:{WEBHOOK_PORT}/validate",
+            "tls": {"mode": "helm", "helm": {"ipAddresses": ["127.0.0.1"]}},
+        },
     }
 
 

@@ -299,6 +299,13 @@ def test_local_cluster_values(helm: Path, tmp_path: Path) -> None:
     assert controller["spec"]["replicas"] == 1
     assert controller["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": 0, "maxUnavailable": 1}
     assert driver_config(docs).sources[0].static is not None
+    (hook,) = one(docs, "ValidatingWebhookConfiguration")["webhooks"]
+    assert hook["clientConfig"]["url"] == "https://127.0.0.1:18443/validate"
+    assert "service" not in hook["clientConfig"]
+    secret = one(docs, "Secret", "dradriver-webhook-tls")
+    leaf = x509.load_pem_x509_certificate(base64.b64decode(secret["data"]["tls.crt"]))
+    names = leaf.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert [str(ip) for ip in names.get_values_for_type(x509.IPAddress)] == ["127.0.0.1"]
 
 
 @pytest.mark.parametrize(

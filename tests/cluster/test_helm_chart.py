@@ -217,7 +217,7 @@ def test_install_runs_both_components(release: Release, api: AdminAPI) -> None:
         assert slice_["spec"]["pool"]["name"] == NODE
 
 
-def test_the_webhook_is_reached_through_its_service(release: Release, api: AdminAPI) -> None:
+def test_the_webhook_denies_bad_parameters(release: Release, api: AdminAPI) -> None:
     bad = {
         "apiVersion": f"{DRIVER}/v1alpha1",
         "kind": "DeviceClaimParameters",
