@@ -14,9 +14,9 @@ What differs from a real cluster, and why:
   Service's endpoints, not its unroutable ClusterIP), but the pods' IP is the node's
   127.0.0.1, which Endpoints refuse (loopback), so the Service has none. So the webhook
   is registered by URL, ``https://127.0.0.1:<port>/validate``, with 127.0.0.1 in the
-  chart-generated certificate: the one replica on node-1. The plugin then serves its probes on a unix socket, so the
-  surge pod of a rolling update starts next to the old one; the controller's ports are
-  host ports, moved off the harness's defaults.
+  chart-generated certificate: the one replica on node-1. The plugin serves its probes
+  on a unix socket, so the surge pod of a rolling update starts next to the old one; the
+  controller's ports are host ports, moved off the harness's defaults.
 * **The plugin only on node-1**, the node with the real runtime: further nodes run the fake
   CRI runtime, where a container "runs" without a process, so a plugin pod there would
   never register (node selector ``kubernetes.io/hostname``).
