@@ -242,17 +242,10 @@ def test_a_pod_gets_its_device(release: Release, api: AdminAPI, namespace: str) 
     api.delete(path_for("v1", "pods", namespace, "p"))
 
 
-def claim_pod(api: AdminAPI, namespace: str, name: str) -> None:
+def claim_pod(api: AdminAPI, namespace: str, name: str, template_ready: bool = False) -> None:
     template = f"{name}-dev"
-    api.create(
-        path_for(R, "resourceclaimtemplates", namespace),
-        {
-            "metadata": {"name": template},
-            "spec": {"spec": {"devices": {"requests": [
-                {"name": "dev", "exactly": {"deviceClassName": DRIVER}}
-            ]}}},
-        },
-    )  # fmt: skip
+    if not template_ready:
+        claim_template(api, namespace, name)
     api.create(
         path_for("v1", "pods", namespace),
         {
@@ -273,14 +266,31 @@ def claim_pod(api: AdminAPI, namespace: str, name: str) -> None:
     )
 
 
+def claim_template(api: AdminAPI, namespace: str, name: str) -> None:
+    template = f"{name}-dev"
+    api.create(
+        path_for(R, "resourceclaimtemplates", namespace),
+        {
+            "metadata": {"name": template},
+            "spec": {"spec": {"devices": {"requests": [
+                {"name": "dev", "exactly": {"deviceClassName": DRIVER}}
+            ]}}},
+        },
+    )  # fmt: skip
+
+
 def test_upgrade_rolls_with_a_surge_and_hands_over_the_lease(
     release: Release, api: AdminAPI, namespace: str
 ) -> None:
     old_plugin, old_controller = wait_installed(api)
     old_holder = lease_holder(api)
+    # Made before the upgrade: with one controller replica (the local cluster's), the
+    # webhook is down while it is replaced and refuses claim (template) writes; the claim
+    # kube-controller-manager makes from it for the pod is retried until it is back.
+    claim_template(api, namespace, "during")
     release.upgrade("--set", "logLevel=debug")
     # Starts while the DaemonSet rolls: whichever plugin the kubelet asks must prepare it.
-    claim_pod(api, namespace, "during")
+    claim_pod(api, namespace, "during", template_ready=True)
     seen: list[tuple[int, int, str | None]] = []
 
     def rolled() -> bool:
@@ -293,12 +303,12 @@ def test_upgrade_rolls_with_a_surge_and_hands_over_the_lease(
 
     wait_until("the plugin DaemonSet rolled", rolled, DEADLINE)
     assert max(n for n, _, _ in seen) == 2, f"no surge pod seen: {seen}"
+    _, new_controller = wait_installed(api)
     for pod in ("during", "after"):
         if pod == "after":  # and one after it, prepared by the new plugin
             claim_pod(api, namespace, pod)
         report = read_report(api, namespace, pod, "c", DEADLINE)
         assert any(p.startswith("/dev/dradriver/") for p in report.paths), pod
-    _, new_controller = wait_installed(api)
     assert new_controller["metadata"]["name"] != old_controller["metadata"]["name"]
     assert lease_holder(api) != old_holder
 
