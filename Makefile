@@ -52,8 +52,10 @@ typecheck: install
 
 # The README's test command: lint, import contracts, types, and every test tier
 # (the cluster tier with node-1 on the real runtime; DRADRIVER_RUNTIME=fake for
-# the fake one).
-test: lint typecheck kube-binaries runtime-binaries helm
+# the fake one). The image is built first, with its progress on the terminal, for
+# tests/cluster/test_image.py and test_helm_chart.py (a cache hit when the wheel's
+# sources are unchanged); helm for tests/chart and test_helm_chart.py.
+test: lint typecheck kube-binaries runtime-binaries image helm
 	$(BIN)/pytest tests
 
 test-unit: install
@@ -65,7 +67,7 @@ test-grpc: install
 test-chart: helm
 	$(BIN)/pytest tests/chart
 
-test-cluster: kube-binaries runtime-binaries helm
+test-cluster: kube-binaries runtime-binaries image helm
 	$(BIN)/pytest tests/cluster
 
 demo: kube-binaries runtime-binaries

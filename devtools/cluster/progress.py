@@ -137,7 +137,7 @@ def run_go_build(
     Each compiled package that ``-v`` names advances ``progress``.
     """
     progress.start()
-    proc = subprocess.Popen(
+    with subprocess.Popen(
         list(cmd),
         cwd=cwd,
         env=env,
@@ -145,13 +145,13 @@ def run_go_build(
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
-    )
-    assert proc.stdout is not None
-    for line in proc.stdout:
-        log.write(line)
-        if is_package_line(line):
-            progress.advance(detail=line.strip())
-    code = proc.wait()
+    ) as proc:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            log.write(line)
+            if is_package_line(line):
+                progress.advance(detail=line.strip())
+        code = proc.wait()
     log.flush()
     progress.detail = ""
     if code == 0:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
+import importlib.metadata
 import json
 import os
 import shutil
@@ -44,10 +45,16 @@ from devtools.image.ociarchive import ContainerConfig, write_archive, write_dire
 
 # Bumped when this module changes what it puts into a layer.
 RECIPE_REVISION = "1"
-# The packaging inputs of the wheel, besides its packages' sources.
-PACKAGING_FILES = ("pyproject.toml", "setup.py", "README.md")
+# The packaging inputs of the wheel, besides its packages' sources. README.md (the
+# wheel's long description) is left out on purpose: the README changes with most
+# commits and nothing runs it, so an edit must not cost every checkout an image build;
+# a cached image's METADATA may carry an older description.
+PACKAGING_FILES = ("pyproject.toml", "setup.py")
 SOURCE_PACKAGES = ("dradriver", "controller", "kubeletplugin")
 SOURCE_SUFFIXES = (".py", ".proto", ".typed")
+# How many image archives (most recently used first) and base layers the cache keeps.
+KEEP_IMAGES = 4
+KEEP_BASES = 2
 # Every entry's mtime in the base layer (as the small test images use).
 SOURCE_DATE_EPOCH = "946684800"
 
@@ -146,7 +153,7 @@ def _run(
     with open(log, "a") as out:
         out.write("$ " + " ".join(cmd) + "\n")
         out.flush()
-        proc = subprocess.Popen(
+        with subprocess.Popen(
             list(cmd),
             cwd=cwd,
             env=env,
@@ -154,13 +161,13 @@ def _run(
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
-        )
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            out.write(line)
-            if on_line is not None:
-                on_line(line)
-        code = proc.wait()
+        ) as proc:
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                out.write(line)
+                if on_line is not None:
+                    on_line(line)
+            code = proc.wait()
     if code != 0:
         tail = "\n".join(log.read_text().splitlines()[-25:])
         raise ImageError(f"{what} failed (exit {code}); the end of {log}:\n{tail}")
@@ -200,6 +207,7 @@ def base_layer(log: Path) -> Path:
     """The Debian layer, from the cache or built with mmdebstrap."""
     dest = images_dir() / f"{recipe.REPOSITORY}-base-{base_key()}.tar"
     if dest.exists():
+        os.utime(dest)  # used now (see prune)
         return dest
     mmdebstrap = _ensure_mmdebstrap(log)
     add_user = [f'--customize-hook=chroot "$1" {" ".join(cmd)}' for cmd in recipe.ADD_USER]
@@ -257,8 +265,11 @@ def wheelhouse(dest: Path, log: Path, root: Path) -> Path:
     )
     tools = dest.parent / "tools"
     tools.mkdir()
+    # The pip that runs the install inside the image (and is not left there): the same
+    # version as this one, so that pip's cache has it and the result does not drift.
+    this_pip = f"pip=={importlib.metadata.version('pip')}"
     _run(
-        [*pip, "download", "--no-deps", "--only-binary=:all:", "-d", str(tools), "pip"],
+        [*pip, "download", "--no-deps", "--only-binary=:all:", "-d", str(tools), this_pip],
         log,
         "pip download pip",
         env=env,
@@ -340,7 +351,31 @@ def _load_record(path: Path) -> BuiltImage | None:
         return None
     if image.path != path or not path.exists() or path.stat().st_size != image.size:
         return None
+    # Used now: pruning goes by last use, and keeps this one.
+    os.utime(path)
     return image
+
+
+def prune(keep: int = KEEP_IMAGES, keep_bases: int = KEEP_BASES) -> list[Path]:
+    """Delete all but the ``keep`` most recently used image archives (and bases); the deleted.
+
+    Every change of the wheel's sources makes a new ~300 MB archive; worktrees
+    and branches in use at once each keep theirs among the newest.
+    """
+    directory = images_dir()
+    removed: list[Path] = []
+    prefix = f"{recipe.REPOSITORY}-"
+    archives = [
+        p for p in directory.glob(prefix + "*.tar") if not p.name.startswith(prefix + "base-")
+    ]
+    bases = list(directory.glob(prefix + "base-*.tar"))
+    for group, count in ((archives, keep), (bases, keep_bases)):
+        group.sort(key=lambda p: p.stat().st_mtime, reverse=True)
+        for old in group[count:]:
+            for path in (old, old.with_suffix(".json"), old.with_suffix(".log")):
+                path.unlink(missing_ok=True)
+            removed.append(old)
+    return removed
 
 
 def ensure_image(name: str | None = None, root: Path | None = None) -> BuiltImage:
@@ -391,4 +426,5 @@ def _build(name: str, root: Path, dest: Path) -> BuiltImage:
             cached=False,
         )
     dest.with_suffix(".json").write_text(json.dumps(image.record(), indent=1) + "\n")
+    prune()
     return image
