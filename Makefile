@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: all install protos kube-binaries runtime-binaries image lint typecheck test test-unit test-grpc test-cluster bench demo clean
+.PHONY: all install protos kube-binaries runtime-binaries helm manifests image lint typecheck test test-unit test-grpc test-chart test-cluster bench demo clean
 
 all: install
 
@@ -27,6 +27,15 @@ kube-binaries: install
 runtime-binaries: install
 	$(BIN)/python -m devtools.cluster.runtimebin
 
+# helm v3 from the Go module proxy (helmbin/), cached in ~/.cache/dradriver/helm/; prints
+# its path. The chart tests and the README's install commands use it.
+helm: install
+	$(BIN)/python -m devtools.cluster.helmbin
+
+# Re-render manifests/ from the Helm chart (tests/chart fails while they differ).
+manifests: helm
+	$(BIN)/python -m devtools.manifests --write
+
 # The dradriver image as an OCI archive in ~/.cache/dradriver/images/, built without a
 # registry or a container engine (Debian's packages + the wheel; needs root), cached by
 # content; `make image IMPORT=1` also loads it into the running local cluster's node-1.
@@ -44,8 +53,9 @@ typecheck: install
 # The README's test command: lint, import contracts, types, and every test tier
 # (the cluster tier with node-1 on the real runtime; DRADRIVER_RUNTIME=fake for
 # the fake one). The image is built first, with its progress on the terminal, for
-# tests/cluster/test_image.py (a cache hit when the wheel's sources are unchanged).
-test: lint typecheck kube-binaries runtime-binaries image
+# tests/cluster/test_image.py and test_helm_chart.py (a cache hit when the wheel's
+# sources are unchanged); helm for tests/chart and test_helm_chart.py.
+test: lint typecheck kube-binaries runtime-binaries image helm
 	$(BIN)/pytest tests
 
 test-unit: install
@@ -54,7 +64,10 @@ test-unit: install
 test-grpc: install
 	$(BIN)/pytest tests/grpc
 
-test-cluster: kube-binaries runtime-binaries image
+test-chart: helm
+	$(BIN)/pytest tests/chart
+
+test-cluster: kube-binaries runtime-binaries image helm
 	$(BIN)/pytest tests/cluster
 
 # Every benchmark at full size; rewrites the README's performance section (machine, date,

@@ -60,6 +60,19 @@ def build_app(
     return ProbeApp(ready, registry, title)
 
 
+UNIX_PREFIX = "unix:"
+
+
+def unix_socket_path(address: str) -> str | None:
+    """The socket path of ``unix:/abs/path``, else None (a TCP address)."""
+    if not address.startswith(UNIX_PREFIX):
+        return None
+    path = address.removeprefix(UNIX_PREFIX)
+    if not path.startswith("/") or "\0" in path or len(path.encode()) > 107:
+        raise ValueError(f"address {address!r}: a unix socket needs an absolute path (<108 bytes)")
+    return path
+
+
 def parse_address(address: str) -> tuple[str, int]:
     """``host:port`` (host may be empty for all interfaces)."""
     host, sep, port = address.rpartition(":")
@@ -78,11 +91,18 @@ def _response(status: int, content_type: str, body: bytes, head_only: bool = Fal
 
 
 class HTTPEndpoint:
-    """Serves the app until stopped; ``port`` is the bound port (useful with port 0)."""
+    """Serves the app until stopped; ``port`` is the bound port (useful with port 0).
+
+    ``address`` is ``HOST:PORT`` or ``unix:/path``: a pod in the host's network namespace
+    (hostNetwork) serves on a socket in its own filesystem instead, so two pods of a
+    DaemonSet on one node (a rolling update with maxSurge) never compete for a host port;
+    its probes then run :mod:`dradriver.httpprobe`.
+    """
 
     def __init__(self, app: ProbeApp, address: str, read_seconds: float = READ_SECONDS) -> None:
         self.app = app
-        self.host, self._port = parse_address(address)
+        self.unix_path = unix_socket_path(address)
+        self.host, self._port = ("", 0) if self.unix_path else parse_address(address)
         self.read_seconds = read_seconds
         self._server: asyncio.Server | None = None
         self._slots = asyncio.Semaphore(MAX_CONNECTIONS)
@@ -90,6 +110,11 @@ class HTTPEndpoint:
 
     async def start(self) -> None:
         """Listen; raises OSError if the address cannot be bound (port taken...)."""
+        if self.unix_path is not None:
+            self._server = await asyncio.start_unix_server(
+                self._accept, self.unix_path, limit=MAX_HEAD_BYTES
+            )
+            return
         self._server = await asyncio.start_server(
             self._accept, self.host, self._port, limit=MAX_HEAD_BYTES
         )
@@ -97,7 +122,9 @@ class HTTPEndpoint:
     @property
     def port(self) -> int:
         sockets = self._server.sockets if self._server is not None else ()
-        return int(sockets[0].getsockname()[1]) if sockets else 0
+        if self.unix_path is not None or not sockets:
+            return 0
+        return int(sockets[0].getsockname()[1])
 
     async def stop(self) -> None:
         if self._server is not None:

@@ -111,7 +111,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--http-address",
         default="127.0.0.1:8080",
-        help="/healthz, /readyz and /metrics (default: %(default)s)",
+        help="/healthz, /readyz and /metrics on HOST:PORT, or on unix:/PATH for a pod in "
+        "the host network (its probes: python -m dradriver.httpprobe) (default: %(default)s)",
     )
     parser.add_argument(
         "--health-interval",

@@ -1,4 +1,4 @@
-"""Test tiers: ``unit``, ``grpc``, ``fuzz`` and ``cluster``, marked by directory.
+"""Test tiers: ``unit``, ``grpc``, ``fuzz``, ``chart`` and ``cluster``, marked by directory.
 
 The fuzz tier's hypothesis tests take the ``fuzz`` profile registered here as
 their parent settings: derandomized (every run tries the same examples, so a
@@ -39,7 +39,7 @@ from devtools.cluster.config import (
 )
 from devtools.cluster.local import LocalCluster, running_cluster
 
-TIERS = ("unit", "grpc", "fuzz", "cluster")
+TIERS = ("unit", "grpc", "fuzz", "chart", "cluster")
 
 settings.register_profile(
     "fuzz",

@@ -483,6 +483,9 @@ class LocalCluster:
                 f"--secure-port={ports.apiserver}",
                 "--advertise-address=127.0.0.1",
                 "--endpoint-reconciler-type=none",
+                # No kube-proxy: a webhook registered by Service (the Helm chart's) is
+                # called at the Service's endpoints, not at its unroutable ClusterIP.
+                "--enable-aggregator-routing=true",
                 f"--service-cluster-ip-range={SERVICE_CIDR}",
                 "--allow-privileged=true",
                 "--authorization-mode=Node,RBAC",

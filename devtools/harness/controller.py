@@ -58,7 +58,7 @@ def install_crds(api: AdminAPI) -> None:
 
 def controller_kubeconfig(api: AdminAPI, cluster: LocalCluster, workdir: Path) -> Path:
     """RBAC from the manifests and a kubeconfig with a token for the controller's account."""
-    apply_manifests(api, "controller/rbac.yaml")
+    apply_manifests(api, "namespace.yaml", "controller/rbac.yaml")
     install_crds(api)
     wait_until(
         "controller ServiceAccount",

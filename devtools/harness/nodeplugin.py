@@ -91,7 +91,7 @@ def plugin_identity(
     api: AdminAPI, cluster: LocalCluster, node: str, workdir: Path, driver: str = "dradriver.dev"
 ) -> Path:
     """A kubeconfig for the plugin's service account of ``driver``, bound to a pod on ``node``."""
-    apply_manifests(api, *(f"kubeletplugin/{name}" for name in PLUGIN_MANIFESTS))
+    apply_manifests(api, "namespace.yaml", *(f"kubeletplugin/{name}" for name in PLUGIN_MANIFESTS))
     install_plugin_policies(api, driver)
     wait_until(
         "plugin ServiceAccount",

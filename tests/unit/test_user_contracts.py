@@ -30,6 +30,7 @@ LOGGER_NAMES = {
     "cluster",
     "cluster.binaries",
     "cluster.containerd",
+    "cluster.helmbin",
     "cluster.runtimebin",
     "controller",
     "controller.networkpools",
