@@ -280,6 +280,23 @@ def test_valid_network_pool_is_admitted(client: TestClient) -> None:
             "metadata.name: NetworkDevicePool name 'fabric.a' is not a DNS label",
         ),
         (pool(None), "spec.attach: Field required; spec.devices: Field required"),
+        (
+            pool(
+                pool_spec(
+                    devices=[
+                        {
+                            "name": "a",
+                            "attributes": {"dradriver.dev/model": {"string": "x"}},
+                            "capacity": {"dradriver.dev/memory": {"value": "1Gi"}},
+                        }
+                    ]
+                )
+            ),
+            "spec.devices[0].attributes.dradriver.dev/model: attribute 'dradriver.dev/model' "
+            "spells out the driver's own domain; write 'model' (the domain is implied by the "
+            'driver, and selectors still read it as device.attributes["dradriver.dev"].model); '
+            "spec.devices[0].capacity.dradriver.dev/memory: capacity",
+        ),
     ],
 )
 def test_invalid_network_pool_names_field_and_allowed_values(
