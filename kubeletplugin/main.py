@@ -24,6 +24,7 @@ from dradriver.log import configure, get_logger
 from dradriver.plugin.helper import KubeletPluginHelper, PluginPaths
 from dradriver.resourceslice.pool import SliceError
 from dradriver.resourceslice.publisher import SlicePublisher, slice_informer
+from kubeletplugin.claimstatus import ClaimStatusWriter
 from kubeletplugin.inventory import NodeInventory
 from kubeletplugin.legacy.podresources import HoldReconciler, PodResourcesClient
 from kubeletplugin.legacy.shim import DevicePluginSetupError, DevicePluginShim
@@ -114,6 +115,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=5.0,
         help="seconds between device health checks (default: %(default)s)",
     )
+    parser.add_argument(
+        "--claim-status",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="publish status.devices (Ready condition, CDI IDs) of prepared claims, in the "
+        "background (default: on)",
+    )
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning"])
     return parser
 
@@ -166,6 +174,11 @@ class Plugin:
                 on_error=self.metrics.dp_pod_resources_errors.inc,
                 on_pass=self.metrics.dp_pod_resources_polls.inc,
             )
+        self.claim_status = (
+            ClaimStatusWriter(self.client, self.driver_name, self.node)
+            if args.claim_status
+            else None
+        )
         self.driver = NodeDriver(
             client=self.client,
             driver_name=self.driver_name,
@@ -176,6 +189,7 @@ class Plugin:
             teardown=_hook(config.hooks.teardown, "teardown"),
             metrics=self.metrics,
             gate=self.shim,
+            status=self.claim_status,
         )
         self.helper = KubeletPluginHelper(self.driver, self.paths)
         self.helper.registration.on_registered = self.metrics.registrations.inc
@@ -252,6 +266,8 @@ class Plugin:
         if self.hold_reconciler is not None:
             await self.hold_reconciler.prime()
         await http.start()
+        if self.claim_status is not None:
+            self.claim_status.start()
         await self.helper.start()
         if self.shim is not None:
             await self.shim.start()
@@ -275,6 +291,8 @@ class Plugin:
             if self.shim is not None:
                 await self.shim.stop()
             await self.helper.stop()
+            if self.claim_status is not None:
+                await self.claim_status.stop()
             await http.stop()
             await self.client.aclose()
 

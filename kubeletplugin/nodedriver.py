@@ -74,6 +74,15 @@ class ClaimUnreadable(PrepareError):
     """The API server could not say (403, 429, 5xx, a timeout): unknown, ask again later."""
 
 
+class ClaimStatusSink(Protocol):
+    """Where prepared claims go to have their device status published (claimstatus.py);
+    both calls return at once."""
+
+    def prepared(self, claim: ClaimRef, devices: list[PreparedDevice]) -> None: ...
+
+    def unprepared(self, uid: str) -> None: ...
+
+
 class DRAGate(Protocol):
     """What DRA asks the device-plugin shim (same devices, one ledger)."""
 
@@ -155,9 +164,11 @@ class NodeDriver:
         teardown: Hook | None = None,
         metrics: PluginMetrics | None = None,
         gate: DRAGate | None = None,
+        status: ClaimStatusSink | None = None,
     ) -> None:
         self.client = client
         self.gate = gate
+        self.status = status
         self.driver_name = driver_name
         self.inventory = inventory
         self.ledger = ledger
@@ -212,6 +223,8 @@ class NodeDriver:
                         log.exception("prepare failed unexpectedly", claim=str(claim))
                         return PrepareResult(error=f"internal error: {e}")
         self.metrics.prepares.inc()
+        if self.status is not None:
+            self.status.prepared(claim, devices)  # queued: API latency stays out of prepare
         return PrepareResult(devices=devices)
 
     def _claims_changed(self) -> None:
@@ -491,6 +504,8 @@ class NodeDriver:
         if problem:
             self.metrics.unprepare_errors.inc()
             return f"ResourceClaim {claim}: {problem}"
+        if self.status is not None:
+            self.status.unprepared(claim.uid)
         async with self.claim_locks.hold(claim.uid):
             with self.metrics.unprepare_seconds.time():
                 try:
