@@ -164,6 +164,20 @@ def _request_selector_errors(settings: Settings, request: Obj, where: str) -> li
             problem = selector_problem(expression)
             if problem is not None:
                 errors.append(FieldError(f"{where}.selectors[{index}].cel.expression", problem))
+    # The scheduler looks a capacity request up by the exact name the slice publishes, and
+    # dradriver publishes its own names without its domain.
+    requests = _dict(_dict(request.get("capacity")).get("requests"))
+    for key in requests:
+        problem = names.own_domain_prefix_problem(str(key), settings.driver, "capacity")
+        if problem is not None:
+            errors.append(
+                FieldError(
+                    f"{where}.capacity.requests.{key}",
+                    problem.split(" (the domain")[0]
+                    + ": the devices publish it without the domain and the scheduler "
+                    "matches capacity requests by the exact name",
+                )
+            )
     return errors
 
 

@@ -192,7 +192,7 @@ def request(
         expression = f'device.attributes["{DRIVER}"].index == {index}'
         exactly["selectors"] = [{"cel": {"expression": expression}}]
     if capacity:
-        exactly["capacity"] = {"requests": {f"{DRIVER}/memory": capacity}}
+        exactly["capacity"] = {"requests": {"memory": capacity}}  # as the slice spells it
     if admin:
         exactly["adminAccess"] = True
     return {"name": "dev", "exactly": exactly}
@@ -387,8 +387,8 @@ def test_consumable_capacity_device_with_two_share_ids(
     results = {s: result(c) for s, c in claims.items()}
     assert {r["device"] for r in results.values()} == {"shared-0"}
     assert results["a"]["shareID"] != results["b"]["shareID"]
-    assert results["a"]["consumedCapacity"][f"{DRIVER}/memory"] == "4Gi"
-    assert results["b"]["consumedCapacity"][f"{DRIVER}/memory"] == "2Gi"
+    assert results["a"]["consumedCapacity"]["memory"] == "4Gi"
+    assert results["b"]["consumedCapacity"]["memory"] == "2Gi"
     for share, container in seen.items():
         [node] = claim_nodes(published, local_cluster, claims[share])
         assert node.path == "/dev/dradriver/shared-0"
