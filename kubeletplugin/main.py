@@ -10,6 +10,7 @@ import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from dradriver import DEFAULT_DRIVER_NAME
 from dradriver.devices.config import DriverConfig, DriverConfigError, load_config
@@ -25,6 +26,7 @@ from dradriver.plugin.helper import KubeletPluginHelper, PluginPaths
 from dradriver.resourceslice.pool import SliceError
 from dradriver.resourceslice.publisher import SlicePublisher, slice_informer
 from kubeletplugin.claimstatus import ClaimStatusWriter
+from kubeletplugin.devicemetadata import DeviceMetadataWriter
 from kubeletplugin.inventory import NodeInventory
 from kubeletplugin.legacy.podresources import HoldReconciler, PodResourcesClient
 from kubeletplugin.legacy.shim import DevicePluginSetupError, DevicePluginShim
@@ -116,6 +118,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds between device health checks (default: %(default)s)",
     )
     parser.add_argument(
+        "--device-metadata",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="mount the KEP-5304 device metadata file (devices and attributes of the claim) "
+        "into containers through CDI (default: on)",
+    )
+    parser.add_argument(
         "--claim-status",
         action=argparse.BooleanOptionalAction,
         default=True,
@@ -190,6 +199,11 @@ class Plugin:
             metrics=self.metrics,
             gate=self.shim,
             status=self.claim_status,
+            metadata=DeviceMetadataWriter(
+                self.driver_name, self.paths.plugin_dir, args.cdi_dir, self._published_attributes
+            )
+            if args.device_metadata
+            else None,
         )
         self.helper = KubeletPluginHelper(self.driver, self.paths)
         self.helper.registration.on_registered = self.metrics.registrations.inc
@@ -204,6 +218,14 @@ class Plugin:
         self._publish_inventory()
         if self.shim is not None:
             self.shim.on_dra_view_change = self._publish_inventory
+
+    def _published_attributes(self, device: str) -> dict[str, Any]:
+        """A device's attributes as its ResourceSlice shows them (for the metadata file)."""
+        found = self.inventory.devices.get(device)
+        if found is None:
+            return {}
+        attributes: dict[str, Any] = found.to_api(self.driver_name).get("attributes") or {}
+        return attributes
 
     def _publish_inventory(self) -> None:
         """Hand the node's current pool to the publisher (which syncs it if it changed)."""

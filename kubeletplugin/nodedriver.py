@@ -46,6 +46,7 @@ from dradriver.k8s.paths import RESOURCE_V1, path_for
 from dradriver.log import get_logger
 from dradriver.plugin.claimlock import ClaimLocks
 from dradriver.plugin.interface import ClaimRef, PreparedDevice, PrepareResult, claim_ref_problem
+from kubeletplugin.devicemetadata import DeviceMetadataWriter
 from kubeletplugin.inventory import NodeInventory
 from kubeletplugin.metrics import PluginMetrics
 
@@ -165,10 +166,12 @@ class NodeDriver:
         metrics: PluginMetrics | None = None,
         gate: DRAGate | None = None,
         status: ClaimStatusSink | None = None,
+        metadata: DeviceMetadataWriter | None = None,
     ) -> None:
         self.client = client
         self.gate = gate
         self.status = status
+        self.metadata = metadata
         self.driver_name = driver_name
         self.inventory = inventory
         self.ledger = ledger
@@ -387,12 +390,12 @@ class NodeDriver:
                 # Rebuilt from its CDI spec after the ledger was lost: set up already.
                 ids = await self._adopt(claim, planned, digest)
                 self.unconfirmed.discard(claim.uid)
-                return self._prepared(planned, ids)
+                return self._with_metadata(claim, obj, self._prepared(planned, ids))
             if existing.config_digest == digest:
                 # Repeated call (kubelet restart, retry): make sure the spec is still there.
                 ids = self.cdi.write_claim(claim.uid, self._cdi_devices(claim, planned))
                 self.unconfirmed.discard(claim.uid)
-                return self._prepared(planned, ids)
+                return self._with_metadata(claim, obj, self._prepared(planned, ids))
             if not existing.recovered:
                 raise PrepareError(
                     f"ResourceClaim {claim} is already prepared with a different allocation "
@@ -443,7 +446,7 @@ class NodeDriver:
             uid=claim.uid,
             devices=",".join(p.cdi_name for p in planned),
         )
-        return self._prepared(planned, ids)
+        return self._with_metadata(claim, obj, self._prepared(planned, ids))
 
     async def _adopt(
         self, claim: ClaimRef, planned: list[PlannedDevice], digest: str
@@ -471,6 +474,12 @@ class NodeDriver:
         """The entry holds exactly the device uses the allocation asks for."""
         wanted = {DeviceKey(p.pool, p.device, p.share_id) for p in planned}
         return len(wanted) == len(entry.devices) and wanted == {d.key for d in entry.devices}
+
+    def _with_metadata(
+        self, claim: ClaimRef, obj: Obj, devices: list[PreparedDevice]
+    ) -> list[PreparedDevice]:
+        """The devices with the device-metadata CDI IDs (devicemetadata.py), if enabled."""
+        return devices if self.metadata is None else self.metadata.prepared(claim, obj, devices)
 
     def _prepared(self, planned: list[PlannedDevice], ids: dict[str, str]) -> list[PreparedDevice]:
         # The kubelet matches request names against containers' top-level requests.
@@ -514,6 +523,8 @@ class NodeDriver:
                     self.metrics.unprepare_errors.inc()
                     log.warning("unprepare failed", claim=str(claim), error=str(e))
                     return f"ResourceClaim {claim}: {e}"
+        if self.metadata is not None:
+            self.metadata.unprepared(claim)
         self.metrics.unprepares.inc()
         return ""
 
