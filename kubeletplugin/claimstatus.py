@@ -2,7 +2,7 @@
 
 After a claim is prepared, each of this driver's node-local devices gets an entry in the
 claim's ``status.devices`` (resource.k8s.io/v1 ``AllocatedDeviceStatus``, GA in 1.37 as
-DRAResourceClaimDeviceStatus, beta and on by default since 1.33): a ``Ready`` condition
+DRAResourceClaimDeviceStatus, beta and on by default in 1.34-1.36): a ``Ready`` condition
 (``reason: Prepared``) and ``data`` with the CDI device IDs and the node, so that
 ``kubectl get resourceclaim -o yaml`` shows what the node did.
 
