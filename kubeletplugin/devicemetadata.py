@@ -179,6 +179,66 @@ class DeviceMetadataWriter:
             )
         return out
 
+    def restore(self, prepared: set[str]) -> int:
+        """After a start: write the CDI specs again for the metadata files of claims still
+        prepared (``/var/run/cdi`` is tmpfs, the files live in the plugin dir and survive a
+        reboot), and remove the files and specs of claims that are not; the number of specs
+        written. A container started later still finds every CDI ID the kubelet kept."""
+        by_claim: dict[str, list[tuple[str, str, str | None, str]]] = {}
+        try:
+            claim_dirs = sorted(self.root.iterdir()) if self.root.is_dir() else []
+        except OSError as e:
+            log.error("device metadata dir unreadable", dir=str(self.root), error=str(e))
+            return 0
+        for claim_dir in claim_dirs:
+            kept = False
+            for path in sorted(claim_dir.glob(f"*/{HOST_FILE}")):
+                try:
+                    first = json.JSONDecoder().raw_decode(path.read_text(encoding="utf-8"))[0]
+                    meta = first["metadata"]
+                    uid, name, namespace = (
+                        str(meta["uid"]),
+                        str(meta["name"]),
+                        str(meta["namespace"]),
+                    )
+                    pod_claim_name = first.get("podClaimName")
+                except (OSError, ValueError, KeyError, TypeError) as e:
+                    log.warning("device metadata file unreadable", path=str(path), error=str(e))
+                    continue
+                if uid in prepared and claim_dir.name == f"{namespace}_{name}":
+                    entry = (path.parent.name, name, pod_claim_name, str(path))
+                    by_claim.setdefault(uid, []).append(entry)
+                    kept = True
+            if not kept:
+                shutil.rmtree(claim_dir, ignore_errors=True)
+        for uid in self.cdi.claim_uids_on_disk() - set(by_claim):
+            self.cdi.remove_claim(uid)
+        for uid, entries in by_claim.items():
+            devices = [
+                CDIDevice(
+                    request,
+                    ContainerEdits(
+                        mounts=(
+                            Mount.model_validate(
+                                {
+                                    "hostPath": host,
+                                    "containerPath": container_path(
+                                        self.driver, name, pod_claim_name, request
+                                    ),
+                                    "options": ("ro", "bind"),
+                                }
+                            ),
+                        )
+                    ),
+                )
+                for request, name, pod_claim_name, host in entries
+            ]
+            try:
+                self.cdi.write_claim(uid, devices)
+            except (OSError, CDIError, ValueError) as e:
+                log.error("device metadata spec not restored", uid=uid, error=str(e))
+        return len(by_claim)
+
     def unprepared(self, claim: ClaimRef) -> None:
         try:
             self.cdi.remove_claim(claim.uid)

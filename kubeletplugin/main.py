@@ -272,6 +272,9 @@ class Plugin:
         # device-plugin holds from their specs and pod-resources) happens before either
         # API serves: a lost ledger must not hand out a device in use.
         counts = await self.driver.reconcile()
+        if self.driver.metadata is not None:
+            prepared = {c.uid for c in self.ledger.claims() if c.state == "prepared"}
+            counts["metadata_specs"] = self.driver.metadata.restore(prepared)
         log.info(
             "starting",
             driver=self.driver_name,

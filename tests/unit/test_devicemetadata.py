@@ -173,3 +173,24 @@ def test_a_failing_metadata_write_does_not_fail_the_claim(tmp_path: Path) -> Non
     claim = store_claim(plugin.api, allocated_claim("c", [result("dev-0")]))
     (device,) = plugin.prepare(claim)
     assert device.cdi_ids == (f"{DRIVER}/device={claim['metadata']['uid']}-dev-0",)
+
+
+def test_start_up_restores_specs_of_prepared_claims_and_removes_the_rest(tmp_path: Path) -> None:
+    plugin = Plugin(tmp_path)
+    kept = store_claim(plugin.api, allocated_claim("kept", [result("dev-0"), result("dev-1", "b")]))
+    gone = store_claim(plugin.api, allocated_claim("gone", [result("dev-2")]))
+    plugin.prepare(kept)
+    plugin.prepare(gone)
+    kept_spec = plugin.cdi_dir / f"{DRIVER}-metadata_claim-{kept['metadata']['uid']}.json"
+    before = kept_spec.read_bytes()
+    for spec in plugin.cdi_dir.iterdir():  # a reboot: /var/run/cdi is tmpfs
+        spec.unlink()
+    restarted = DeviceMetadataWriter(DRIVER, plugin.data_dir, plugin.cdi_dir, lambda _: {})
+    assert restarted.restore({kept["metadata"]["uid"]}) == 1
+    assert kept_spec.read_bytes() == before  # the same spec as prepare wrote
+    assert sorted(p.name for p in (plugin.data_dir / "dra-device-metadata").iterdir()) == [
+        "default_kept"
+    ]
+    assert restarted.restore(set()) == 0
+    assert not kept_spec.exists()
+    assert list((plugin.data_dir / "dra-device-metadata").iterdir()) == []
