@@ -415,7 +415,9 @@ def test_the_container_reads_the_device_metadata_file_of_its_claims(
     except TimeoutError as e:
         raise AssertionError(f"{e}; events: {pod_events(api, namespace, 'meta')}") from e
     first, second = printed.split("---\n")
-    claim = pod_claim(api, namespace, "meta")
+    # The pod has finished, so its template claim may be gone: the pod status names it.
+    pod = api.get(path_for("v1", "pods", namespace, "meta"))
+    generated = {s["name"]: s["resourceClaimName"] for s in pod["status"]["resourceClaimStatuses"]}
     template_objects = json_stream(first)
     assert [o["apiVersion"] for o in template_objects] == [
         "metadata.resource.k8s.io/v1beta1",
@@ -423,7 +425,8 @@ def test_the_container_reads_the_device_metadata_file_of_its_claims(
     ]
     newest = template_objects[0]
     assert newest["kind"] == "DeviceMetadata" and newest["podClaimName"] == "dev"
-    assert newest["metadata"]["uid"] == claim["metadata"]["uid"]
+    assert newest["metadata"]["name"] == generated["dev"]
+    assert newest["metadata"]["namespace"] == namespace
     [request_entry] = newest["requests"]
     assert request_entry["name"] == "dev"
     [device] = request_entry["devices"]
