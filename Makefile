@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: all install protos kube-binaries runtime-binaries lint typecheck test test-unit test-grpc test-cluster demo clean
+.PHONY: all install protos kube-binaries runtime-binaries image lint typecheck test test-unit test-grpc test-cluster demo clean
 
 all: install
 
@@ -27,6 +27,12 @@ kube-binaries: install
 runtime-binaries: install
 	$(BIN)/python -m devtools.cluster.runtimebin
 
+# The dradriver image as an OCI archive in ~/.cache/dradriver/images/, built without a
+# registry or a container engine (Debian's packages + the wheel; needs root), cached by
+# content; `make image IMPORT=1` also loads it into the running local cluster's node-1.
+image: install
+	$(BIN)/python -m devtools.image build $(if $(IMPORT),--import)
+
 lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
@@ -37,8 +43,9 @@ typecheck: install
 
 # The README's test command: lint, import contracts, types, and every test tier
 # (the cluster tier with node-1 on the real runtime; DRADRIVER_RUNTIME=fake for
-# the fake one).
-test: lint typecheck kube-binaries runtime-binaries
+# the fake one). The image is built first, with its progress on the terminal, for
+# tests/cluster/test_image.py (a cache hit when the wheel's sources are unchanged).
+test: lint typecheck kube-binaries runtime-binaries image
 	$(BIN)/pytest tests
 
 test-unit: install
@@ -47,7 +54,7 @@ test-unit: install
 test-grpc: install
 	$(BIN)/pytest tests/grpc
 
-test-cluster: kube-binaries runtime-binaries
+test-cluster: kube-binaries runtime-binaries image
 	$(BIN)/pytest tests/cluster
 
 demo: kube-binaries runtime-binaries

@@ -229,9 +229,18 @@ def free_port() -> int:
 
 
 def ours_plugin(
-    work: Path, driver: str, node: str, devices: int, kubeconfig: Path
+    work: Path,
+    driver: str,
+    node: str,
+    devices: int,
+    kubeconfig: Path,
+    kubelet_root: Path | None = None,
+    cdi_dir: Path | None = None,
 ) -> PluginUnderTest:
-    """dradriver's kubelet plugin, run as NodePlugin does, with N static mock devices."""
+    """dradriver's kubelet plugin, run as NodePlugin does, with N static mock devices.
+
+    ``kubelet_root`` (a real kubelet's) and ``cdi_dir`` (its runtime's) default to dirs of
+    its own below ``work``, where the benchmark plays the kubelet."""
     root = work / "ours"
     root.mkdir(parents=True, exist_ok=True)
     config = root / "config.yaml"
@@ -251,7 +260,7 @@ def ours_plugin(
         )
     )
     port = free_port()
-    kubelet_root = root / "kubelet"
+    kubelet_root = kubelet_root or root / "kubelet"
     argv = [
         sys.executable,
         "-m",
@@ -261,7 +270,7 @@ def ours_plugin(
         f"--node-name={node}",
         f"--kubeconfig={kubeconfig}",
         f"--kubelet-root={kubelet_root}",
-        f"--cdi-dir={root / 'cdi'}",
+        f"--cdi-dir={cdi_dir or root / 'cdi'}",
         f"--state-dir={root / 'state'}",
         f"--http-address=127.0.0.1:{port}",
     ]
@@ -278,11 +287,18 @@ def ours_plugin(
 
 
 def go_plugin(
-    binary: Path, work: Path, node: str, devices: int, kubeconfig: Path
+    binary: Path,
+    work: Path,
+    node: str,
+    devices: int,
+    kubeconfig: Path,
+    kubelet_root: Path | None = None,
+    cdi_dir: Path | None = None,
 ) -> PluginUnderTest:
-    """The dra-example-driver kubelet plugin (gpu profile: devices gpu-0.., pool = node)."""
+    """The dra-example-driver kubelet plugin (gpu profile: devices gpu-0.., pool = node);
+    ``kubelet_root`` and ``cdi_dir`` as for :func:`ours_plugin`."""
     root = work / "go"
-    kubelet_root = root / "kubelet"
+    kubelet_root = kubelet_root or root / "kubelet"
     # The kubelet creates its registry dir; the Go helper only listens in it.
     (kubelet_root / "plugins_registry").mkdir(parents=True, exist_ok=True)
     argv = [
@@ -290,7 +306,7 @@ def go_plugin(
         f"--node-name={node}",
         f"--driver-name={GO_DRIVER}",
         f"--num-devices={devices}",
-        f"--cdi-root={root / 'cdi'}",
+        f"--cdi-root={cdi_dir or root / 'cdi'}",
         f"--kubelet-registrar-directory-path={kubelet_root / 'plugins_registry'}",
         f"--kubelet-plugins-directory-path={kubelet_root / 'plugins'}",
         f"--kubeconfig={kubeconfig}",

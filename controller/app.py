@@ -256,8 +256,10 @@ class ControllerApp:
         """The admission webhook's app (POST /validate, /healthz, /readyz, /metrics), with
         this process's readiness and metrics registry. Validation needs no leader: every
         replica serves it. Build it once (it registers the webhook's metrics)."""
-        driver = self.options.driver_name
-        settings = WebhookSettings(driver=driver, device_classes=frozenset({driver}))
+        # Every class of the driver (as the standalone webhook and the registration's
+        # matchConditions have it): a request naming any of them gets its selectors
+        # compiled and cost-checked, not only one naming the class called like the driver.
+        settings = WebhookSettings.for_driver(self.options.driver_name)
         return build_webhook_app(settings, self.metrics.registry, self.ready)
 
     def servers(self) -> list[Server]:

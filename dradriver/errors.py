@@ -49,6 +49,7 @@ Other bad values::
     ├── cel.env: CompileError                        a CEL expression that does not compile
     ├── cel.semver: SemverError                      not a semantic version
     ├── cel.ast: DecodeError                         a serialized expression this reader cannot read
+    ├── k8s.kubeconfig: KubeconfigError             a kubeconfig that cannot be used as it is
     ├── host.ledger: LedgerValueError                (also a LedgerError, below)
     └── host.cdi: CDIValueError                      (also a CDIError, below)
         ├── host.cdi: InvalidCDINameError

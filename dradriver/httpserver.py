@@ -1,41 +1,63 @@
-"""Health, readiness and metrics endpoints (FastAPI), served by uvicorn in the driver's loop."""
+"""Health, readiness and metrics endpoints: a small HTTP/1.1 server in the driver's loop.
+
+Three GET routes with fixed answers need no web framework, and FastAPI with uvicorn
+costs every process that imports them about 12 MiB of memory (the kubelet plugin runs
+on every node). The admission webhook, which reads request bodies, keeps FastAPI
+(:mod:`dradriver.webhook`).
+
+Every request is hostile until read: its head must arrive within a deadline and fit a
+bound (8 KiB, the body is never read), only GET and HEAD are answered, every connection
+carries one request (``Connection: close``), and at most :data:`MAX_CONNECTIONS` are
+served at once; the others wait their turn.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Callable
+from dataclasses import dataclass
+from http import HTTPStatus
 
-import uvicorn
-from fastapi import FastAPI, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+MAX_HEAD_BYTES = 8 * 1024
+READ_SECONDS = 10.0
+WRITE_SECONDS = 10.0
+MAX_CONNECTIONS = 32
+TEXT = "text/plain; charset=utf-8"
+
+
+@dataclass(frozen=True)
+class ProbeApp:
+    """What the endpoint answers: ``ready()`` returns (ready?, reason); /readyz answers
+    503 with the reason when not ready."""
+
+    ready: Callable[[], tuple[bool, str]]
+    registry: CollectorRegistry
+    title: str = "dradriver"
+
+    def respond(self, target: str) -> tuple[int, str, bytes]:
+        """(status, content type, body) for a GET of ``target``."""
+        route = target.split("?", 1)[0]
+        if route == "/healthz":
+            return 200, TEXT, b"ok\n"
+        if route == "/readyz":
+            ok, reason = self.ready()
+            text = f"{'ok' if ok else 'not ready'}: {reason}\n"
+            return (200 if ok else 503), TEXT, text.encode()
+        if route == "/metrics":
+            return 200, CONTENT_TYPE_LATEST, generate_latest(self.registry)
+        return 404, TEXT, b"not found\n"
 
 
 def build_app(
     ready: Callable[[], tuple[bool, str]],
     registry: CollectorRegistry,
     title: str = "dradriver",
-) -> FastAPI:
+) -> ProbeApp:
     """``ready()`` returns (ready?, reason); /readyz answers 503 with the reason when not."""
-    app = FastAPI(title=title, docs_url=None, redoc_url=None, openapi_url=None)
-
-    @app.get("/healthz")
-    async def healthz() -> Response:
-        return Response("ok\n", media_type="text/plain")
-
-    @app.get("/readyz")
-    async def readyz() -> Response:
-        ok, reason = ready()
-        return Response(
-            f"{'ok' if ok else 'not ready'}: {reason}\n",
-            media_type="text/plain",
-            status_code=200 if ok else 503,
-        )
-
-    @app.get("/metrics")
-    async def metrics() -> Response:
-        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
-
-    return app
+    return ProbeApp(ready, registry, title)
 
 
 def parse_address(address: str) -> tuple[str, int]:
@@ -46,32 +68,85 @@ def parse_address(address: str) -> tuple[str, int]:
     return host or "0.0.0.0", int(port)
 
 
-class HTTPEndpoint:
-    """Runs the app until stopped; ``port`` is the bound port (useful with port 0)."""
+def _response(status: int, content_type: str, body: bytes, head_only: bool = False) -> bytes:
+    reason = HTTPStatus(status).phrase
+    head = (
+        f"HTTP/1.1 {status} {reason}\r\nContent-Type: {content_type}\r\n"
+        f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+    )
+    return head.encode("ascii") + (b"" if head_only else body)
 
-    def __init__(self, app: FastAPI, address: str) -> None:
-        host, port = parse_address(address)
-        self._server = uvicorn.Server(
-            uvicorn.Config(
-                app, host=host, port=port, log_level="warning", access_log=False, lifespan="off"
-            )
-        )
-        self._task: asyncio.Task[None] | None = None
+
+class HTTPEndpoint:
+    """Serves the app until stopped; ``port`` is the bound port (useful with port 0)."""
+
+    def __init__(self, app: ProbeApp, address: str, read_seconds: float = READ_SECONDS) -> None:
+        self.app = app
+        self.host, self._port = parse_address(address)
+        self.read_seconds = read_seconds
+        self._server: asyncio.Server | None = None
+        self._slots = asyncio.Semaphore(MAX_CONNECTIONS)
+        self._handlers: set[asyncio.Task[None]] = set()
 
     async def start(self) -> None:
-        self._task = asyncio.create_task(self._server.serve())
-        while not self._server.started:
-            if self._task.done():
-                await self._task  # re-raise why it could not start (port taken...)
-                raise RuntimeError("HTTP endpoint stopped during start-up")
-            await asyncio.sleep(0.01)
+        """Listen; raises OSError if the address cannot be bound (port taken...)."""
+        self._server = await asyncio.start_server(
+            self._accept, self.host, self._port, limit=MAX_HEAD_BYTES
+        )
 
     @property
     def port(self) -> int:
-        sockets = self._server.servers[0].sockets if self._server.servers else []
+        sockets = self._server.sockets if self._server is not None else ()
         return int(sockets[0].getsockname()[1]) if sockets else 0
 
     async def stop(self) -> None:
-        self._server.should_exit = True
-        if self._task is not None:
-            await self._task
+        if self._server is not None:
+            self._server.close()
+        for task in list(self._handlers):
+            task.cancel()
+        for task in list(self._handlers):
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        if self._server is not None:
+            await self._server.wait_closed()
+            self._server = None
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        if task is not None:
+            self._handlers.add(task)
+        try:
+            async with self._slots:
+                await self._serve(reader, writer)
+        except (ConnectionError, TimeoutError):
+            pass  # the client went away or was too slow: nothing to answer
+        finally:
+            writer.close()
+            if task is not None:
+                self._handlers.discard(task)
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            async with asyncio.timeout(self.read_seconds):
+                head = await reader.readuntil(b"\r\n\r\n")
+        except asyncio.LimitOverrunError:
+            writer.write(_response(431, TEXT, b"request head too large\n"))
+            return
+        except asyncio.IncompleteReadError:
+            return  # closed before the head was complete
+        parts = head.split(b"\r\n", 1)[0].split(b" ")
+        if len(parts) != 3 or not parts[2].startswith(b"HTTP/1.") or not parts[1].startswith(b"/"):
+            writer.write(_response(400, TEXT, b"bad request\n"))
+        elif parts[0] not in (b"GET", b"HEAD"):
+            writer.write(_response(405, TEXT, b"only GET and HEAD\n"))
+        else:
+            try:
+                status, content_type, body = self.app.respond(parts[1].decode("ascii"))
+            except UnicodeDecodeError:
+                status, content_type, body = 400, TEXT, b"bad request\n"
+            except Exception as e:  # a failing readiness check must not kill the server
+                # No logger here (this layer is below dradriver.log): the prober sees why.
+                status, content_type, body = 500, TEXT, f"internal error: {e!r}\n".encode()
+            writer.write(_response(status, content_type, body, head_only=parts[0] == b"HEAD"))
+        async with asyncio.timeout(WRITE_SECONDS):
+            await writer.drain()

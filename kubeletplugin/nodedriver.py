@@ -384,7 +384,21 @@ class NodeDriver:
         obj = await self._fetch_claim(claim)
         planned = self.plan(claim, obj)
         digest = self.digest(planned)
-        existing = self.ledger.get_claim(claim.uid)
+        if self.setup is None and self.gate is None:
+            # The usual case, a claim the ledger does not know yet, takes one trip to the
+            # ledger's worker thread: read, spec, record. A known claim takes the path below.
+            outcome = await self._first_prepare(claim, planned, digest)
+            if not isinstance(outcome, ClaimEntry):
+                log.info(
+                    "prepared",
+                    claim=str(claim),
+                    uid=claim.uid,
+                    devices=",".join(p.cdi_name for p in planned),
+                )
+                return self._with_metadata(claim, obj, self._prepared(planned, outcome))
+            existing: ClaimEntry | None = outcome
+        else:
+            existing = await self._commits.read(lambda: self.ledger.get_claim(claim.uid))
         if existing is not None and existing.state == "prepared":
             if existing.recovered and self._same_devices(existing, planned):
                 # Rebuilt from its CDI spec after the ledger was lost: set up already.
@@ -412,6 +426,15 @@ class NodeDriver:
             # A half-done attempt (crash or failure), or a stale recovered entry: undo it
             # before starting over.
             await self._teardown(claim, existing.uid)
+        if self.setup is None:
+            ids = await self._prepare_in_one_write(claim, planned, digest)
+            log.info(
+                "prepared",
+                claim=str(claim),
+                uid=claim.uid,
+                devices=",".join(p.cdi_name for p in planned),
+            )
+            return self._with_metadata(claim, obj, self._prepared(planned, ids))
         entries = self._ledger_devices(planned)
         try:
             await self._commits.run(
@@ -447,6 +470,86 @@ class NodeDriver:
             devices=",".join(p.cdi_name for p in planned),
         )
         return self._with_metadata(claim, obj, self._prepared(planned, ids))
+
+    async def _first_prepare(
+        self, claim: ClaimRef, planned: list[PlannedDevice], digest: str
+    ) -> dict[str, str] | ClaimEntry:
+        """:meth:`_prepare_in_one_write` for a claim the ledger does not know, in one change
+        run by the group committer: the CDI IDs, or the claim's entry if it has one (then
+        nothing was changed). Without a gate only: the shim's answers belong on the loop."""
+        cdi_devices = self._cdi_devices(claim, planned)
+        ids = {d.name: self.cdi.cdi_id(claim.uid, d.name) for d in cdi_devices}
+        entries = self._ledger_devices(planned, ids)
+        wrote_spec = False
+
+        def change() -> dict[str, str] | ClaimEntry:
+            nonlocal wrote_spec
+            existing = self.ledger.get_claim(claim.uid)
+            if existing is not None:
+                return existing
+            check_host_device_nodes(cdi_devices)
+            wrote_spec = True
+            self.cdi.write_claim(claim.uid, cdi_devices)
+            self.ledger.record_prepared(claim.uid, claim.namespace, claim.name, entries, digest)
+            return ids
+
+        try:
+            return await self._commits.run(change)
+        except BaseException as e:
+            if wrote_spec:  # refused, or the batch's write failed: never handed out
+                try:
+                    self.cdi.remove_claim(claim.uid)
+                except OSError as removing:
+                    log.error(
+                        "removing the CDI spec of a failed prepare failed",
+                        claim=str(claim),
+                        error=str(removing),
+                    )
+            if isinstance(e, DeviceBusy | LedgerError | OSError | ValueError):
+                raise PrepareError(f"ResourceClaim {claim}: {e}") from e
+            raise
+
+    async def _prepare_in_one_write(
+        self, claim: ClaimRef, planned: list[PlannedDevice], digest: str
+    ) -> dict[str, str]:
+        """Prepare a claim no setup hook works on: its CDI spec, then one durable ledger write.
+
+        Nothing outside the plugin changes before the kubelet gets the answer (the spec names
+        the claim UID, so no container can use it before then), so the two-phase entry buys
+        nothing here and would cost a second fsynced write. A crash between the spec and the
+        ledger write leaves a spec the ledger does not know: start-up adopts its claim if it is
+        still allocated here, else deletes it (:meth:`reconcile`). A refused or failed ledger
+        write removes the spec again.
+        """
+        cdi_devices = self._cdi_devices(claim, planned)
+        try:
+            check_host_device_nodes(cdi_devices)
+            ids = self.cdi.write_claim(claim.uid, cdi_devices)
+        except (OSError, ValueError) as e:
+            raise PrepareError(f"ResourceClaim {claim}: {e}") from e
+        entries = self._ledger_devices(planned, ids)
+        try:
+            await self._commits.run(
+                lambda: self.ledger.record_prepared(
+                    claim.uid, claim.namespace, claim.name, entries, digest
+                )
+            )
+        except BaseException as e:
+            try:
+                self.cdi.remove_claim(claim.uid)
+            except OSError as removing:
+                log.error(
+                    "removing the CDI spec of a failed prepare failed",
+                    claim=str(claim),
+                    error=str(removing),
+                )
+            if isinstance(e, DeviceBusy):
+                text = self.gate.explain_busy(e) if self.gate is not None else str(e)
+                raise PrepareError(f"ResourceClaim {claim}: {text}") from e
+            if isinstance(e, LedgerError | OSError):
+                raise PrepareError(f"ResourceClaim {claim}: {e}") from e
+            raise
+        return ids
 
     async def _adopt(
         self, claim: ClaimRef, planned: list[PlannedDevice], digest: str
@@ -529,30 +632,53 @@ class NodeDriver:
         return ""
 
     async def _teardown(self, claim: ClaimRef, uid: str) -> None:
-        entry = self.ledger.get_claim(uid)
+        if self.teardown is None:
+            # Nothing is half done between the spec's removal and the ledger write: a crash
+            # there leaves a prepared entry without a spec, which start-up writes again
+            # (claim still allocated here; the kubelet then unprepares again) or tears
+            # down. So the "unpreparing" write is only for the hook.
+            await self._teardown_in_one_write(uid)
+            return
+        entry = await self._commits.read(lambda: self.ledger.get_claim(uid))
         if entry is None:
             # Never prepared here, or already done: the spec may still be an orphan.
             self.cdi.remove_claim(uid)
             self.unconfirmed.discard(uid)
             return
         await self._commits.run(lambda: self.ledger.begin_unprepare(uid))
-        if self.teardown is not None:
-            for d in entry.devices:
-                env = {
-                    "DRADRIVER_DRIVER": self.driver_name,
-                    "DRADRIVER_CLAIM_NAMESPACE": entry.namespace,
-                    "DRADRIVER_CLAIM_NAME": entry.name,
-                    "DRADRIVER_CLAIM_UID": uid,
-                    "DRADRIVER_REQUEST": ",".join(d.request_names),
-                    "DRADRIVER_POOL": d.pool,
-                    "DRADRIVER_DEVICE": d.device,
-                    "DRADRIVER_SHARE_ID": d.share_id or "",
-                }
-                await run_hook(self.teardown, env)
+        for d in entry.devices:
+            env = {
+                "DRADRIVER_DRIVER": self.driver_name,
+                "DRADRIVER_CLAIM_NAMESPACE": entry.namespace,
+                "DRADRIVER_CLAIM_NAME": entry.name,
+                "DRADRIVER_CLAIM_UID": uid,
+                "DRADRIVER_REQUEST": ",".join(d.request_names),
+                "DRADRIVER_POOL": d.pool,
+                "DRADRIVER_DEVICE": d.device,
+                "DRADRIVER_SHARE_ID": d.share_id or "",
+            }
+            await run_hook(self.teardown, env)
         self.cdi.remove_claim(uid)
         await self._commits.run(lambda: self.ledger.remove_claim(uid))
         self.unconfirmed.discard(uid)
         log.info("unprepared", claim=f"{entry.namespace}/{entry.name}", uid=uid)
+
+    async def _teardown_in_one_write(self, uid: str) -> None:
+        """Without a teardown hook: the spec, then the entry, in one change run by the group
+        committer (the spec is gone before the write that removes the entry; see
+        :meth:`_teardown`). Also removes an orphan spec of a claim the ledger does not know."""
+
+        def change() -> ClaimEntry | None:
+            entry = self.ledger.get_claim(uid)
+            self.cdi.remove_claim(uid)
+            if entry is not None:
+                self.ledger.remove_claim(uid)
+            return entry
+
+        entry = await self._commits.run(change)
+        self.unconfirmed.discard(uid)
+        if entry is not None:
+            log.info("unprepared", claim=f"{entry.namespace}/{entry.name}", uid=uid)
 
     # ----- start-up reconcile ------------------------------------------------
 

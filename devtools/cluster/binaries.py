@@ -12,12 +12,12 @@ import fcntl
 import hashlib
 import os
 import shutil
-import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from devtools import paths
+from devtools.cluster.progress import Progress, count_go_packages, run_go_build
 from dradriver.log import get_logger
 
 log = get_logger("cluster.binaries")
@@ -134,6 +134,7 @@ def _build(target: Path) -> None:
         cmd = [
             go,
             "build",
+            "-v",
             "-tags",
             "providerless",
             "-trimpath",
@@ -144,18 +145,16 @@ def _build(target: Path) -> None:
             "./cmd/...",
         ]
         env = dict(os.environ, CGO_ENABLED=os.environ.get("CGO_ENABLED", "1"))
-        proc = subprocess.run(
-            cmd,
-            cwd=module_dir(),
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            check=False,
-        )
-        if proc.returncode != 0:
-            tail = "\n".join(proc.stdout.splitlines()[-30:])
-            raise BinaryError(f"go build of the kube binaries failed:\n{tail}")
+        # -v names each package as it is compiled: the progress counts them against
+        # the package set go list gives for the same targets and tags.
+        total = count_go_packages(go, ["./cmd/..."], module_dir(), env, ["-tags", "providerless"])
+        progress = Progress("kube binaries", total, "packages")
+        log_path = target / "build.log"
+        with open(log_path, "w") as build_log:
+            code = run_go_build(cmd, cwd=module_dir(), env=env, log=build_log, progress=progress)
+        if code != 0:
+            tail = "\n".join(log_path.read_text().splitlines()[-30:])
+            raise BinaryError(f"go build of the kube binaries failed (log {log_path}):\n{tail}")
         missing = [c for c in COMPONENTS if not (target / c).exists()]
         if missing:
             raise BinaryError(f"go build produced no {', '.join(missing)} in {target}")

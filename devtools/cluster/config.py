@@ -309,6 +309,8 @@ def kubelet_config(
         "resolvConf": "",
         "syncFrequency": "10s",
         "fileCheckFrequency": "10s",
+        # bench.pods runs 200 pods with claims on node-1 (the default is 110).
+        "maxPods": 250,
         "featureGates": gates,
     }
 

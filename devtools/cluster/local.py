@@ -251,8 +251,12 @@ class LocalCluster:
             layout = dataclasses.replace(layout, runtime=parse_runtime(state.runtime))
         return [layout.node(i) for i in range(1, count + 1)]
 
-    def restart_component(self, name: str, timeout: float = 90) -> None:
-        """Stop one component and start it again with the same command line (e.g. the kubelet)."""
+    def restart_component(
+        self, name: str, timeout: float = 90, while_stopped: Callable[[], None] | None = None
+    ) -> None:
+        """Stop one component and start it again with the same command line (e.g. the kubelet).
+
+        ``while_stopped`` runs between the two (an outage the caller observes or times)."""
         state = self.state()
         if state is None:
             raise ClusterError("no local cluster is running")
@@ -266,6 +270,8 @@ class LocalCluster:
                 "line; restart the cluster (`dradriver cluster down`, then `up`)"
             )
         ManagedProcess.adopt(old).stop()
+        if while_stopped is not None:
+            while_stopped()
         process = ManagedProcess.start(
             name, old.argv, log_path=Path(old.log), cwd=self.layout.workdir(name), exe=old.exe
         )

@@ -37,12 +37,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from devtools.cluster.progress import Progress, count_go_packages, run_go_build
 from dradriver.log import configure, get_logger
 
 log = get_logger("cluster.runtimebin")
-
-# How often a long `go build` reports that it is still running.
-HEARTBEAT_SECONDS = 30.0
 
 
 class RuntimeBuildError(RuntimeError):
@@ -305,29 +303,18 @@ def _build_one(
     step = f"{component.name} ({index}/{count})"
     log.info(f"building {step}, {time.monotonic() - started:.0f} s elapsed")
     out = str(bin_dir / component.outputs[0]) if len(component.outputs) == 1 else f"{bin_dir}/"
-    cmd = [go, "build", "-trimpath"]
-    if component.tags:
-        cmd += ["-tags", ",".join(component.tags)]
-    cmd += ["-ldflags", _ldflags(component, versions), "-o", out, *component.packages]
+    cmd = [go, "build", "-v", "-trimpath"]
+    flags = ["-tags", ",".join(component.tags)] if component.tags else []
+    cmd += [*flags, "-ldflags", _ldflags(component, versions), "-o", out, *component.packages]
     env = dict(os.environ, CGO_ENABLED="1" if component.cgo else "0")
+    cwd = source_dir() / component.module
+    total = count_go_packages(go, component.packages, cwd, env, flags)
+    progress = Progress(f"runtime {step}", total, "packages")
     one_started = time.monotonic()
     with open(log_path, "a") as build_log:
         build_log.write(f"$ CGO_ENABLED={env['CGO_ENABLED']} {' '.join(cmd)}\n")
         build_log.flush()
-        proc = subprocess.Popen(
-            cmd,
-            cwd=source_dir() / component.module,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=build_log,
-            stderr=subprocess.STDOUT,
-        )
-        while True:
-            try:
-                code = proc.wait(timeout=HEARTBEAT_SECONDS)
-                break
-            except subprocess.TimeoutExpired:
-                log.info(f"still building {step}, {time.monotonic() - started:.0f} s elapsed")
+        code = run_go_build(cmd, cwd=cwd, env=env, log=build_log, progress=progress)
     took = time.monotonic() - one_started
     if code != 0:
         raise RuntimeBuildError(

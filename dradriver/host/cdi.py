@@ -347,7 +347,9 @@ class CDIRegistry:
         }
         if not spec_edits.is_empty():
             spec["containerEdits"] = spec_edits.to_cdi()
-        return (json.dumps(spec, indent=2) + "\n").encode("utf-8")
+        # Compact: an indented dump takes the slow pure-Python encoder, and a spec is
+        # written for every prepared claim (`jq .` reads it).
+        return (json.dumps(spec, separators=(",", ":")) + "\n").encode("utf-8")
 
     def write_claim(
         self,

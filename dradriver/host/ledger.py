@@ -5,6 +5,13 @@ Invariants (everything below serves these):
     rename), before the device is set up or handed out, so after a crash the
     plugin knows what it had started;
   * no two holds conflict (rules below): a device is never handed out twice;
+  * a claim's CDI spec is not a hold: it names the claim UID, so no container can use
+    it before the kubelet has the answer. Where no hook runs, a prepare writes the spec
+    first and records the claim as prepared in one write (:meth:`Ledger.record_prepared`),
+    and an unprepare removes the spec before the entry. A crash between the two leaves
+    a spec without an entry (start-up adopts its claim if it is still allocated here,
+    else deletes the spec) or a prepared entry without a spec (start-up writes it again
+    or tears the claim down), never a hold that is not on disk;
   * a checkpoint that is missing or cannot be trusted is never read as "nothing
     is held": :meth:`Ledger.load` keeps a corrupt file aside and reports
     ``needs_rebuild``, and the caller rebuilds the holds from what survives
@@ -15,8 +22,10 @@ DRA claims and device-plugin containers draw from the same devices, and the
 kubelet does not arbitrate between the two APIs: this ledger does.
 
 Entries are two-phase (``preparing`` -> ``prepared`` -> ``unpreparing``;
-``allocating`` -> ``allocated``): an entry left in a first phase means the
-work may be half done and must be finished or undone at reconciliation.
+``allocating`` -> ``allocated``) where a hook changes the node: an entry left in a
+first phase means the work may be half done and must be finished or undone at
+reconciliation. A claim no hook works on goes straight to ``prepared`` and is
+removed straight from it (one durable write each way).
 
 Conflict rules (Kubernetes semantics):
   * admin-access uses never conflict and never block: they do not take the device;
@@ -709,18 +718,18 @@ class Ledger:
 
     def _write(self) -> None:
         payload = self._state.snapshot().model_dump(mode="json")
-        doc = {
-            "version": SUPPORTED_VERSION,
-            "checksum": envelope_checksum(SUPPORTED_VERSION, payload),
-            "data": payload,
-        }
+        # The data is encoded once, canonically, and those same bytes are both hashed
+        # (inside the envelope the checksum covers, see envelope_checksum) and written:
+        # the ledger is rewritten on every prepare and unprepare. Compact on purpose: an
+        # indented dump takes the slow pure-Python encoder (`jq .` reads it).
+        data = json.dumps(payload, sort_keys=True, separators=(",", ":"))
+        covered = f'{{"data":{data},"version":{SUPPORTED_VERSION}}}'
+        digest = "sha256:" + hashlib.sha256(covered.encode("utf-8")).hexdigest()
+        text = f'{{"version":{SUPPORTED_VERSION},"checksum":"{digest}","data":{data}}}'
         directory = self.path.parent
         if not directory.is_dir():
             directory.mkdir(parents=True, exist_ok=True)
             os.chmod(directory, LEDGER_DIR_MODE)
-        # Compact on purpose: an indented dump takes the slow pure-Python encoder, and
-        # the ledger is rewritten on every prepare and unprepare (`jq .` reads it).
-        text = json.dumps(doc, separators=(",", ":"))
         atomic_write(self.path, (text + "\n").encode(), LEDGER_FILE_MODE)
         self._seen = _signature(self.path)
 
@@ -794,6 +803,47 @@ class Ledger:
             self._put_claim(uid, entry)
             log.info(
                 "claim preparing",
+                claim=f"{namespace}/{name}",
+                uid=uid,
+                devices=",".join(str(d.ref) for d in entry.devices),
+            )
+            return entry.model_copy(deep=True)
+
+    def record_prepared(
+        self,
+        uid: str,
+        namespace: str,
+        name: str,
+        devices: Sequence[ClaimDevice],
+        config_digest: str = "",
+    ) -> ClaimEntry:
+        """Record a claim as prepared in one step; refuse a device someone else holds.
+
+        For a prepare whose only side effect is its CDI spec (no setup hook): the spec may
+        be on disk before this entry, never the other way round (see the invariants). A
+        repeated call with the same devices and config returns the entry it finds.
+        """
+        try:
+            entry = ClaimEntry(
+                uid=uid,
+                namespace=namespace,
+                name=name,
+                state="prepared",
+                devices=list(devices),
+                config_digest=config_digest,
+            )
+        except ValidationError as err:
+            raise LedgerValueError(f"invalid claim {namespace}/{name} (uid {uid}): {err}") from err
+        with self._lock():
+            existing = self._state.claims.get(uid)
+            if existing is not None:
+                self._check_same_claim(existing, entry)
+                if existing.state == "prepared" and existing.config_digest == config_digest:
+                    return existing.model_copy(deep=True)
+            self._refuse_busy(entry)
+            self._put_claim(uid, entry)
+            log.info(
+                "claim prepared",
                 claim=f"{namespace}/{name}",
                 uid=uid,
                 devices=",".join(str(d.ref) for d in entry.devices),

@@ -29,6 +29,15 @@ class GroupCommitter:
         self.writes = 0  # transactions run (for tests and metrics)
         self.changes = 0
 
+    async def read(self, query: Callable[[], T]) -> T:
+        """Run ``query`` (a Ledger read) in the worker thread, between the queued changes.
+
+        Every ledger call takes the ledger's lock, which a write in progress holds for its
+        fsyncs: called on the event loop, a read would stop the loop (every other claim,
+        gRPC, probes) until that write is done. A batch of reads only writes nothing.
+        """
+        return await self.run(query)
+
     async def run(self, change: Callable[[], T]) -> T:
         """Apply ``change`` (a call of a Ledger method) durably; returns its result."""
         loop = asyncio.get_running_loop()

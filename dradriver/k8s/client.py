@@ -9,6 +9,7 @@ error type, so a request means the same thing whichever client sends it.
 from __future__ import annotations
 
 import json
+import os
 import ssl
 import threading
 import time
@@ -21,6 +22,7 @@ import httpx
 
 from dradriver.k8s.errors import KubeAPIError
 from dradriver.k8s.jsondecode import decode_list, decode_watch_event
+from dradriver.k8s.kubeconfig import read_static_kubeconfig
 from dradriver.k8s.objects import Obj
 from dradriver.log import get_logger
 
@@ -50,17 +52,43 @@ class Connection:
 
 
 def load_connection(kubeconfig: str | None = None) -> Connection:
-    """From a kubeconfig file if given (or $KUBECONFIG), else the in-cluster service account."""
-    # Imported lazily: processes that never call this do not carry the library in memory.
+    """From a kubeconfig file if given (or $KUBECONFIG), else the in-cluster service account.
+
+    The ``kubernetes`` client library (about 40 MiB that a process never gives back) is
+    imported only for a kubeconfig that needs its loader: exec plugins, OIDC and the
+    rest that :func:`~dradriver.k8s.kubeconfig.read_static_kubeconfig` leaves to it.
+    """
+    if not kubeconfig and (SA_DIR / "token").exists():
+        return _in_cluster_connection()
+    static = read_static_kubeconfig(kubeconfig)
+    if static is not None:
+        return Connection(server=static.server, tls=static.tls, token=static.token)
+    return _library_connection(kubeconfig)
+
+
+def _in_cluster_connection() -> Connection:
+    """The pod's service account: the apiserver from the service env, its CA, the token
+    file (re-read on every request, since projected tokens rotate)."""
+    host = os.environ.get("KUBERNETES_SERVICE_HOST", "")
+    port = os.environ.get("KUBERNETES_SERVICE_PORT", "")
+    if not host or not port.isdigit():
+        raise ValueError(
+            "in a pod without KUBERNETES_SERVICE_HOST and KUBERNETES_SERVICE_PORT; "
+            "pass --kubeconfig"
+        )
+    if ":" in host:  # an IPv6 address
+        host = f"[{host}]"
+    tls = ssl.create_default_context(cafile=str(SA_DIR / "ca.crt"))
+    return Connection(server=f"https://{host}:{port}", tls=tls, token_file=SA_DIR / "token")
+
+
+def _library_connection(kubeconfig: str | None) -> Connection:
+    """A kubeconfig loaded by the client library's loader, with its token refresh."""
+    # Imported lazily: processes that never get here do not carry the library in memory.
     from kubernetes import client, config
 
     cfg = client.Configuration()
-    if kubeconfig or not (SA_DIR / "token").exists():
-        config.load_kube_config(config_file=kubeconfig, client_configuration=cfg)
-        token_file = None
-    else:
-        config.load_incluster_config(client_configuration=cfg)
-        token_file = SA_DIR / "token"
+    config.load_kube_config(config_file=kubeconfig, client_configuration=cfg)
     tls = (
         ssl.create_default_context(cafile=cfg.ssl_ca_cert)
         if cfg.ssl_ca_cert
@@ -78,7 +106,7 @@ def load_connection(kubeconfig: str | None = None) -> Connection:
 
     token_source: Callable[[], str | None] | None = None
     refresh = cfg.refresh_api_key_hook
-    if token_file is None and refresh is not None:
+    if refresh is not None:
         # The loader's hook re-runs the exec plugin (or refreshes the OIDC token) once the
         # token it holds is expired or about to be (5 min skew), and only copies settings
         # otherwise; the client library calls it before every request, and so do we. The
@@ -94,7 +122,6 @@ def load_connection(kubeconfig: str | None = None) -> Connection:
     return Connection(
         server=cfg.host,
         tls=tls,
-        token_file=token_file,
         token=configured_token(),
         token_source=token_source,
     )
@@ -121,18 +148,27 @@ def _apply_params(field_manager: str, force: bool) -> dict[str, Any]:
 class _Codec:
     """Request building and response decoding, the part both clients share."""
 
-    def __init__(self, conn: Connection, user_agent: str) -> None:
+    def __init__(self, conn: Connection, user_agent: str, max_connections: int | None) -> None:
         self._conn = conn
         self._user_agent = user_agent
+        self._max_connections = max_connections
         self.write_count = 0
 
     def _http_options(self) -> dict[str, Any]:
-        return {
+        options: dict[str, Any] = {
             "base_url": self._conn.server,
             "verify": self._conn.tls,
             "timeout": TIMEOUT,
             "headers": {"User-Agent": self._user_agent},
         }
+        if self._max_connections is not None:
+            # All of them kept when idle: the next burst of requests finds them open (no
+            # TLS handshakes), and more requests than connections wait for one.
+            options["limits"] = httpx.Limits(
+                max_connections=self._max_connections,
+                max_keepalive_connections=self._max_connections,
+            )
+        return options
 
     def _headers(self, extra: dict[str, str] | None = None) -> dict[str, str]:
         headers = dict(extra or {})
@@ -190,10 +226,15 @@ class _Codec:
 
 
 class KubeClient(_Codec):
-    """The asyncio client of the controller and the kubelet plugin."""
+    """The asyncio client of the controller and the kubelet plugin.
 
-    def __init__(self, conn: Connection, user_agent: str = "dradriver") -> None:
-        super().__init__(conn, user_agent)
+    ``max_connections`` bounds the open connections (watches hold one each); None keeps
+    httpx's defaults (100, of which 20 stay open when idle)."""
+
+    def __init__(
+        self, conn: Connection, user_agent: str = "dradriver", max_connections: int | None = None
+    ) -> None:
+        super().__init__(conn, user_agent, max_connections)
         self._http = httpx.AsyncClient(**self._http_options())
 
     async def aclose(self) -> None:
@@ -286,8 +327,10 @@ class KubeClient(_Codec):
 class SyncKubeClient(_Codec):
     """The blocking twin of :class:`KubeClient` (same requests, answers and errors), no watch."""
 
-    def __init__(self, conn: Connection, user_agent: str = "dradriver") -> None:
-        super().__init__(conn, user_agent)
+    def __init__(
+        self, conn: Connection, user_agent: str = "dradriver", max_connections: int | None = None
+    ) -> None:
+        super().__init__(conn, user_agent, max_connections)
         self._http = httpx.Client(**self._http_options())
 
     def close(self) -> None:

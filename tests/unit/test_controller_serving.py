@@ -12,6 +12,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from fastapi.testclient import TestClient
 
 from controller.app import ControllerApp, Options
 from controller.claims.worker import AllocationWorker
@@ -21,6 +22,7 @@ from devtools.harness.webhook import issue_serving_cert
 from dradriver.k8s.client import Connection, KubeClient
 from dradriver.k8s.objects import Obj
 from dradriver.runtime import LeaderElectionConfig, LeaderElector
+from dradriver.webhook.registration import device_classes
 from tests.unit.test_controller_allocation_worker import Rig, immediate, pathological
 from tests.unit.test_controllerruntime_leaderelection import (
     LEASE,
@@ -162,6 +164,68 @@ def test_reviews_probes_and_lease_renewals_go_on_while_a_claim_is_searched(
     assert "review answered" in during and "probes answered" in during
     assert during.count("lease renewed") >= 2
     assert during[-1] == "checked"
+
+
+def claim_review(device_class: str, selector: str) -> Obj:
+    claim = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": "c", "namespace": "ns"},
+        "spec": {
+            "devices": {
+                "requests": [
+                    {
+                        "name": "r",
+                        "exactly": {
+                            "deviceClassName": device_class,
+                            "selectors": [{"cel": {"expression": selector}}],
+                        },
+                    }
+                ]
+            }
+        },
+    }
+    return {
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": "u-" + device_class,
+            "kind": {"group": "resource.k8s.io", "version": "v1", "kind": "ResourceClaim"},
+            "namespace": "ns",
+            "name": "c",
+            "operation": "CREATE",
+            "userInfo": {"username": "tester"},
+            "object": claim,
+        },
+    }
+
+
+# Ten chained replaces: cel-cpp would need memory beyond any node's to evaluate it.
+COST_BOMB = (
+    'device.attributes["dradriver.dev"].model' + '.replace("a", "aaaaaaaaaa")' * 10 + ' == ""'
+)
+
+
+@pytest.mark.parametrize("device_class", device_classes(DRIVER))
+def test_controller_served_webhook_checks_selectors_of_every_class_of_the_driver(
+    device_class: str,
+) -> None:
+    """The registration sends the webhook claims naming any of the driver's classes; the
+    controller-served webhook must cost-check them all, as the standalone one does."""
+    app = ControllerApp(
+        Options(driver_name=DRIVER, leader_elect=False),
+        KubeClient(Connection("https://127.0.0.1:1", ssl.create_default_context()), "test"),
+    )
+    with TestClient(app.webhook_app()) as client:
+        reply = client.post("/validate", json=claim_review(device_class, COST_BOMB)).json()
+        response = reply["response"]
+        assert response["allowed"] is False, response
+        assert "too complex: estimated cost" in response["status"]["message"]
+        benign = client.post(
+            "/validate",
+            json=claim_review(device_class, 'device.attributes["dradriver.dev"].model == "m"'),
+        ).json()
+        assert benign["response"]["allowed"] is True
 
 
 def test_serving_thread_stops_servers_started_before_one_that_fails(pki: Path) -> None:

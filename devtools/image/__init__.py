@@ -1,0 +1,1 @@
+"""The dradriver image, built without a registry (see :mod:`devtools.image.build`)."""
