@@ -10,6 +10,7 @@ import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from dradriver import DEFAULT_DRIVER_NAME
 from dradriver.devices.config import DriverConfig, DriverConfigError, load_config
@@ -24,6 +25,8 @@ from dradriver.log import configure, get_logger
 from dradriver.plugin.helper import KubeletPluginHelper, PluginPaths
 from dradriver.resourceslice.pool import SliceError
 from dradriver.resourceslice.publisher import SlicePublisher, slice_informer
+from kubeletplugin.claimstatus import ClaimStatusWriter
+from kubeletplugin.devicemetadata import DeviceMetadataWriter
 from kubeletplugin.inventory import NodeInventory
 from kubeletplugin.legacy.podresources import HoldReconciler, PodResourcesClient
 from kubeletplugin.legacy.shim import DevicePluginSetupError, DevicePluginShim
@@ -120,6 +123,20 @@ def build_parser() -> argparse.ArgumentParser:
         default=5.0,
         help="seconds between device health checks (default: %(default)s)",
     )
+    parser.add_argument(
+        "--device-metadata",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="mount the KEP-5304 device metadata file (devices and attributes of the claim) "
+        "into containers through CDI (default: on)",
+    )
+    parser.add_argument(
+        "--claim-status",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="publish status.devices (Ready condition, CDI IDs) of prepared claims, in the "
+        "background (default: on)",
+    )
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning"])
     return parser
 
@@ -176,6 +193,11 @@ class Plugin:
                 on_error=self.metrics.dp_pod_resources_errors.inc,
                 on_pass=self.metrics.dp_pod_resources_polls.inc,
             )
+        self.claim_status = (
+            ClaimStatusWriter(self.client, self.driver_name, self.node)
+            if args.claim_status
+            else None
+        )
         self.driver = NodeDriver(
             client=self.client,
             driver_name=self.driver_name,
@@ -186,6 +208,12 @@ class Plugin:
             teardown=_hook(config.hooks.teardown, "teardown"),
             metrics=self.metrics,
             gate=self.shim,
+            status=self.claim_status,
+            metadata=DeviceMetadataWriter(
+                self.driver_name, self.paths.plugin_dir, args.cdi_dir, self._published_attributes
+            )
+            if args.device_metadata
+            else None,
         )
         self.helper = KubeletPluginHelper(self.driver, self.paths)
         self.helper.registration.on_registered = self.metrics.registrations.inc
@@ -200,6 +228,14 @@ class Plugin:
         self._publish_inventory()
         if self.shim is not None:
             self.shim.on_dra_view_change = self._publish_inventory
+
+    def _published_attributes(self, device: str) -> dict[str, Any]:
+        """A device's attributes as its ResourceSlice shows them (for the metadata file)."""
+        found = self.inventory.devices.get(device)
+        if found is None:
+            return {}
+        attributes: dict[str, Any] = found.to_api(self.driver_name).get("attributes") or {}
+        return attributes
 
     def _publish_inventory(self) -> None:
         """Hand the node's current pool to the publisher (which syncs it if it changed)."""
@@ -246,6 +282,9 @@ class Plugin:
         # device-plugin holds from their specs and pod-resources) happens before either
         # API serves: a lost ledger must not hand out a device in use.
         counts = await self.driver.reconcile()
+        if self.driver.metadata is not None:
+            prepared = {c.uid for c in self.ledger.claims() if c.state == "prepared"}
+            counts["metadata_specs"] = self.driver.metadata.restore(prepared)
         log.info(
             "starting",
             driver=self.driver_name,
@@ -262,6 +301,8 @@ class Plugin:
         if self.hold_reconciler is not None:
             await self.hold_reconciler.prime()
         await http.start()
+        if self.claim_status is not None:
+            self.claim_status.start()
         await self.helper.start()
         if self.shim is not None:
             await self.shim.start()
@@ -285,6 +326,8 @@ class Plugin:
             if self.shim is not None:
                 await self.shim.stop()
             await self.helper.stop()
+            if self.claim_status is not None:
+                await self.claim_status.stop()
             await http.stop()
             await self.client.aclose()
 

@@ -46,6 +46,7 @@ from dradriver.k8s.paths import RESOURCE_V1, path_for
 from dradriver.log import get_logger
 from dradriver.plugin.claimlock import ClaimLocks
 from dradriver.plugin.interface import ClaimRef, PreparedDevice, PrepareResult, claim_ref_problem
+from kubeletplugin.devicemetadata import DeviceMetadataWriter
 from kubeletplugin.inventory import NodeInventory
 from kubeletplugin.metrics import PluginMetrics
 
@@ -72,6 +73,15 @@ class ClaimGone(PrepareError):
 
 class ClaimUnreadable(PrepareError):
     """The API server could not say (403, 429, 5xx, a timeout): unknown, ask again later."""
+
+
+class ClaimStatusSink(Protocol):
+    """Where prepared claims go to have their device status published (claimstatus.py);
+    both calls return at once."""
+
+    def prepared(self, claim: ClaimRef, devices: list[PreparedDevice]) -> None: ...
+
+    def unprepared(self, uid: str) -> None: ...
 
 
 class DRAGate(Protocol):
@@ -155,9 +165,13 @@ class NodeDriver:
         teardown: Hook | None = None,
         metrics: PluginMetrics | None = None,
         gate: DRAGate | None = None,
+        status: ClaimStatusSink | None = None,
+        metadata: DeviceMetadataWriter | None = None,
     ) -> None:
         self.client = client
         self.gate = gate
+        self.status = status
+        self.metadata = metadata
         self.driver_name = driver_name
         self.inventory = inventory
         self.ledger = ledger
@@ -212,6 +226,8 @@ class NodeDriver:
                         log.exception("prepare failed unexpectedly", claim=str(claim))
                         return PrepareResult(error=f"internal error: {e}")
         self.metrics.prepares.inc()
+        if self.status is not None:
+            self.status.prepared(claim, devices)  # queued: API latency stays out of prepare
         return PrepareResult(devices=devices)
 
     def _claims_changed(self) -> None:
@@ -379,7 +395,7 @@ class NodeDriver:
                     uid=claim.uid,
                     devices=",".join(p.cdi_name for p in planned),
                 )
-                return self._prepared(planned, outcome)
+                return self._with_metadata(claim, obj, self._prepared(planned, outcome))
             existing: ClaimEntry | None = outcome
         else:
             existing = await self._commits.read(lambda: self.ledger.get_claim(claim.uid))
@@ -388,12 +404,12 @@ class NodeDriver:
                 # Rebuilt from its CDI spec after the ledger was lost: set up already.
                 ids = await self._adopt(claim, planned, digest)
                 self.unconfirmed.discard(claim.uid)
-                return self._prepared(planned, ids)
+                return self._with_metadata(claim, obj, self._prepared(planned, ids))
             if existing.config_digest == digest:
                 # Repeated call (kubelet restart, retry): make sure the spec is still there.
                 ids = self.cdi.write_claim(claim.uid, self._cdi_devices(claim, planned))
                 self.unconfirmed.discard(claim.uid)
-                return self._prepared(planned, ids)
+                return self._with_metadata(claim, obj, self._prepared(planned, ids))
             if not existing.recovered:
                 raise PrepareError(
                     f"ResourceClaim {claim} is already prepared with a different allocation "
@@ -418,7 +434,7 @@ class NodeDriver:
                 uid=claim.uid,
                 devices=",".join(p.cdi_name for p in planned),
             )
-            return self._prepared(planned, ids)
+            return self._with_metadata(claim, obj, self._prepared(planned, ids))
         entries = self._ledger_devices(planned)
         try:
             await self._commits.run(
@@ -453,7 +469,7 @@ class NodeDriver:
             uid=claim.uid,
             devices=",".join(p.cdi_name for p in planned),
         )
-        return self._prepared(planned, ids)
+        return self._with_metadata(claim, obj, self._prepared(planned, ids))
 
     async def _first_prepare(
         self, claim: ClaimRef, planned: list[PlannedDevice], digest: str
@@ -562,6 +578,12 @@ class NodeDriver:
         wanted = {DeviceKey(p.pool, p.device, p.share_id) for p in planned}
         return len(wanted) == len(entry.devices) and wanted == {d.key for d in entry.devices}
 
+    def _with_metadata(
+        self, claim: ClaimRef, obj: Obj, devices: list[PreparedDevice]
+    ) -> list[PreparedDevice]:
+        """The devices with the device-metadata CDI IDs (devicemetadata.py), if enabled."""
+        return devices if self.metadata is None else self.metadata.prepared(claim, obj, devices)
+
     def _prepared(self, planned: list[PlannedDevice], ids: dict[str, str]) -> list[PreparedDevice]:
         # The kubelet matches request names against containers' top-level requests.
         return [
@@ -594,6 +616,8 @@ class NodeDriver:
         if problem:
             self.metrics.unprepare_errors.inc()
             return f"ResourceClaim {claim}: {problem}"
+        if self.status is not None:
+            self.status.unprepared(claim.uid)
         async with self.claim_locks.hold(claim.uid):
             with self.metrics.unprepare_seconds.time():
                 try:
@@ -602,6 +626,8 @@ class NodeDriver:
                     self.metrics.unprepare_errors.inc()
                     log.warning("unprepare failed", claim=str(claim), error=str(e))
                     return f"ResourceClaim {claim}: {e}"
+        if self.metadata is not None:
+            self.metadata.unprepared(claim)
         self.metrics.unprepares.inc()
         return ""
 

@@ -11,8 +11,11 @@ import json
 from pathlib import Path
 
 
-def kubelet_cdi_ids(kubelet_root: Path, claim_uid: str, driver: str) -> list[str]:
-    """The CDI IDs the kubelet stored for ``driver``'s devices of a claim ([] if none)."""
+def kubelet_cdi_ids(
+    kubelet_root: Path, claim_uid: str, driver: str, with_metadata: bool = False
+) -> list[str]:
+    """The CDI IDs the kubelet stored for ``driver``'s devices of a claim ([] if none);
+    without the device-metadata mounts (kind ``<driver>/metadata``) unless asked for."""
     try:
         outer = json.loads((kubelet_root / "dra_manager_state").read_text())
     except FileNotFoundError:
@@ -23,6 +26,8 @@ def kubelet_cdi_ids(kubelet_root: Path, claim_uid: str, driver: str) -> list[str
             # Pods sharing a claim that start together can make the kubelet record the
             # same device twice; the runtime applies a CDI device once, so dedupe.
             ids = [cdi_id for d in devices for cdi_id in d.get("CDIDeviceIDs") or []]
+            if not with_metadata:
+                ids = [i for i in ids if not i.startswith(f"{driver}/metadata=")]
             return list(dict.fromkeys(ids))
     return []
 

@@ -37,11 +37,9 @@ def node_slice(
             "devices": [
                 {
                     "name": f"dev-{i}",
-                    "attributes": {
-                        f"{driver}/model": {"string": "example"},
-                        f"{driver}/index": {"int": i},
-                    },
-                    "capacity": {f"{driver}/memory": {"value": "1Gi"}},
+                    # The driver's own names without its domain, as the 1.38 helper wants.
+                    "attributes": {"model": {"string": "example"}, "index": {"int": i}},
+                    "capacity": {"memory": {"value": "1Gi"}},
                 }
                 for i in range(devices)
             ],

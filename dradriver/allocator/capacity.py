@@ -22,7 +22,6 @@ from collections.abc import Mapping
 from decimal import Decimal
 
 from dradriver.allocator.inventory import Capacity, Device, QuantityValue
-from dradriver.allocator.state import qualify
 from dradriver.cel.quantity import display_quantity, format_quantity, is_binary_quantity
 
 __all__ = ["consumed_capacity", "fit"]
@@ -76,9 +75,12 @@ def consumed_capacity(
     amount still fits is :func:`fit`'s business.
     """
     resolved: dict[str, QuantityValue] = {}
+    # Like the scheduler, a request names a capacity exactly as the slice spells it: a
+    # slice's "memory" is not requested by "<driver>/memory" (nor the other way round).
+    as_published = {cap.name: qualified for qualified, cap in device.capacity.items()}
     for name, value in (requests or {}).items():
-        qualified = qualify(name, device.driver)
-        if qualified not in device.capacity:
+        qualified = as_published.get(name)
+        if qualified is None:
             return None, f"has no capacity {name}"
         resolved[qualified] = value
     consumed: dict[str, QuantityValue] = {}

@@ -371,11 +371,13 @@ def api_device(
     out: dict[str, Any] = {"name": device.name}
     if device.attributes:
         out["attributes"] = {
-            names.qualify(k, driver): v.to_api() for k, v in sorted(device.attributes.items())
+            names.published_name(k, driver): v.to_api()
+            for k, v in sorted(device.attributes.items())
         }
     if device.capacity:
         out["capacity"] = {
-            names.qualify(k, driver): {"value": v.value} for k, v in sorted(device.capacity.items())
+            names.published_name(k, driver): {"value": v.value}
+            for k, v in sorted(device.capacity.items())
         }
     if per_device:
         selector = selector_to_api(device.node_selector or pool)

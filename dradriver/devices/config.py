@@ -53,6 +53,7 @@ from dradriver.devices.model import (
     DeviceName,
     DeviceProperties,
 )
+from dradriver.devices.topology import MAX_NUMA_NODES, NUMA_NODE_ATTRIBUTE
 from dradriver.errors import FieldError, FieldErrors, from_validation_error
 
 DEFAULT_DRIVER_NAME = "dradriver.dev"
@@ -66,7 +67,7 @@ PCI_ATTRIBUTES = (
     "vendorID",
     "deviceID",
     "class",
-    "numaNode",
+    "resource.kubernetes.io/numaNode",
     "resource.kubernetes.io/pcieRoot",
 )
 
@@ -488,6 +489,28 @@ class DriverConfig(BaseModel):
                         f"{where}.counters: counter set {consumption.counter_set!r} has no "
                         f"counters {unknown}"
                     )
+        return self
+
+    @model_validator(mode="after")
+    def _attribute_names(self) -> DriverConfig:
+        for path, properties in self._device_properties():
+            for field, keys in (
+                ("attributes", properties.attributes),
+                ("capacity", properties.capacity),
+            ):
+                what = "attribute" if field == "attributes" else "capacity"
+                for key in keys:
+                    problem = names.own_domain_prefix_problem(key, self.driver_name, what)
+                    if problem is not None:
+                        raise ValueError(f"{path}.{field}.{key}: {problem}")
+            numa = properties.attributes.get(NUMA_NODE_ATTRIBUTE)
+            if numa is not None and not (
+                isinstance(numa, IntAttribute) and 0 <= numa.value < MAX_NUMA_NODES
+            ):
+                raise ValueError(
+                    f"{path}.attributes.{NUMA_NODE_ATTRIBUTE}: must be an int NUMA node from 0 "
+                    f"to {MAX_NUMA_NODES - 1}; leave it out for a device without NUMA affinity"
+                )
         return self
 
     def _device_properties(self) -> Iterator[tuple[str, DeviceProperties]]:

@@ -387,12 +387,18 @@ class Device(DeviceProperties):
     def to_api(self, driver: str) -> dict[str, Any]:
         """The resource.k8s.io/v1 ``Device`` JSON (only the fields that are set)."""
         out: dict[str, Any] = {"name": self.name}
+        # Qualified first, so that "model" and "<driver>/model" given together are an error,
+        # then published without the driver's own domain (see names.published_name).
         attributes = self.qualified_attributes(driver)
         if attributes:
-            out["attributes"] = {k: v.to_api() for k, v in attributes.items()}
+            out["attributes"] = {
+                names.published_name(k, driver): v.to_api() for k, v in attributes.items()
+            }
         capacity = self.qualified_capacity(driver)
         if capacity:
-            out["capacity"] = {k: v.to_api() for k, v in capacity.items()}
+            out["capacity"] = {
+                names.published_name(k, driver): v.to_api() for k, v in capacity.items()
+            }
         if self.consumes_counters:
             out["consumesCounters"] = [c.to_api() for c in self.consumes_counters]
         taints = self.api_taints(driver)

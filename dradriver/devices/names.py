@@ -98,6 +98,29 @@ def qualify(name: str, domain: str) -> str:
     return name if "/" in name else f"{domain}/{name}"
 
 
+def published_name(name: str, domain: str) -> str:
+    """The name a driver publishes: its own domain left out (``<domain>/model`` -> ``model``).
+
+    A ResourceSlice's unqualified names belong to the slice's driver, so the CEL name
+    ``device.attributes["<domain>"].model`` is the same either way; the 1.38 kubelet-plugin
+    helper rejects attributes and capacities that spell out the driver's own domain.
+    """
+    prefix = f"{domain}/"
+    return name[len(prefix) :] if name.startswith(prefix) else name
+
+
+def own_domain_prefix_problem(name: str, domain: str, what: str) -> str | None:
+    """Why ``name`` must not be written with the driver's own domain, or ``None``."""
+    if not name.startswith(f"{domain}/"):
+        return None
+    return (
+        f"{what} {name!r} spells out the driver's own domain; write "
+        f"{published_name(name, domain)!r} (the domain is implied by the driver, and "
+        "selectors still read it as "
+        f'device.attributes["{domain}"].{published_name(name, domain)})'
+    )
+
+
 def validate_label_name(value: str, what: str = "label name") -> str:
     """A label name (``[prefix/]name``), the format of taint keys."""
     prefix, sep, name = value.rpartition("/")

@@ -1,8 +1,10 @@
 """The ``pci`` source: PCI devices from sysfs (``<root>/bus/pci/devices/*``).
 
 Each device (after the vendor / device / class-prefix filters) gets the attributes
-``pciAddress``, ``vendorID``, ``deviceID``, ``class``, ``numaNode`` (omitted when the kernel
-reports -1) and the standard ``resource.kubernetes.io/pcieRoot``: the PCIe root complex
+``pciAddress``, ``vendorID``, ``deviceID``, ``class`` and the standard
+``resource.kubernetes.io/numaNode`` (scalar int from ``numa_node``; omitted when the kernel
+reports -1, as a device without NUMA affinity must not publish it, or a value beyond
+Linux's 1024 nodes) and ``resource.kubernetes.io/pcieRoot``: the PCIe root complex
 (``pci<domain>:<bus>``) found in the resolved sysfs path, e.g.
 ``/sys/devices/pci0000:00/0000:00:01.0/0000:01:00.0`` -> ``pci0000:00``. The device name
 comes from the address (``0000:01:00.0`` -> ``pci-0000-01-00-0``). A device seen once stays
@@ -18,11 +20,11 @@ from dradriver.devices.attributes import AttributeValue, IntAttribute, StringAtt
 from dradriver.devices.config import PciSourceConfig
 from dradriver.devices.health import HealthChecker
 from dradriver.devices.model import Device, DeviceProperties
+from dradriver.devices.topology import MAX_NUMA_NODES, NUMA_NODE_ATTRIBUTE, PCIE_ROOT_ATTRIBUTE
 from dradriver.log import get_logger
 
 log = get_logger("devices.pci")
 
-PCIE_ROOT_ATTRIBUTE = "resource.kubernetes.io/pcieRoot"
 _PCIE_ROOT = re.compile(r"pci[0-9a-f]{4,}:[0-9a-f]{2,}")
 
 
@@ -83,8 +85,8 @@ class PciSource:
         attributes["deviceID"] = StringAttribute(value=device_id)
         attributes["class"] = StringAttribute(value=device_class)
         numa = _read(path, "numa_node")
-        if numa is not None and re.fullmatch(r"-?\d+", numa) and int(numa) >= 0:
-            attributes["numaNode"] = IntAttribute(value=int(numa))
+        if numa is not None and re.fullmatch(r"\d{1,4}", numa) and int(numa) < MAX_NUMA_NODES:
+            attributes[NUMA_NODE_ATTRIBUTE] = IntAttribute(value=int(numa))
         root = pcie_root(path)
         if root is not None:
             attributes[PCIE_ROOT_ATTRIBUTE] = StringAttribute(value=root)

@@ -1,8 +1,11 @@
 """Device topology (NUMA node, PCIe root) and topology-aware choice of devices.
 
-Topology comes from device attributes: ``numaNode`` (int, under the driver's domain, set by
-the pci source or in configuration) and the standard ``resource.kubernetes.io/pcieRoot``
-(string). :func:`preferred_allocation` answers the kubelet's GetPreferredAllocation: the
+Topology comes from the standard device attributes ``resource.kubernetes.io/numaNode``
+(int; set by the pci source from sysfs, or in configuration for other devices) and
+``resource.kubernetes.io/pcieRoot`` (string). The driver's own ``numaNode`` (what the pci
+source published before the standard name existed) is still read from configuration when
+the standard one is absent, so older configuration files keep their topology.
+:func:`preferred_allocation` answers the kubelet's GetPreferredAllocation: the
 must-include devices first, then devices on the same PCIe root, then on the same NUMA
 node, and when a new group has to be opened, the tightest one that still fits the rest of
 the request (so large groups stay whole for large requests).
@@ -18,8 +21,11 @@ from dataclasses import dataclass
 from dradriver.devices.attributes import IntAttribute, StringAttribute
 from dradriver.devices.model import Device
 
-NUMA_ATTRIBUTE = "numaNode"
+NUMA_NODE_ATTRIBUTE = "resource.kubernetes.io/numaNode"
 PCIE_ROOT_ATTRIBUTE = "resource.kubernetes.io/pcieRoot"
+LEGACY_NUMA_ATTRIBUTE = "numaNode"
+MAX_NUMA_NODES = 1024
+"""Linux's MAX_NUMNODES bound (CONFIG_NODES_SHIFT is at most 10 on every architecture)."""
 
 
 @dataclass(frozen=True)
@@ -33,7 +39,9 @@ NO_TOPOLOGY = Topology()
 
 def device_topology(device: Device, driver: str) -> Topology:
     attributes = device.qualified_attributes(driver)
-    numa = attributes.get(f"{driver}/{NUMA_ATTRIBUTE}")
+    numa = attributes.get(NUMA_NODE_ATTRIBUTE) or attributes.get(
+        f"{driver}/{LEGACY_NUMA_ATTRIBUTE}"
+    )
     root = attributes.get(PCIE_ROOT_ATTRIBUTE)
     return Topology(
         numa=numa.value if isinstance(numa, IntAttribute) else None,

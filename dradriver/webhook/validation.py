@@ -33,6 +33,7 @@ from dradriver import DEFAULT_DRIVER_NAME
 from dradriver.api import networkpool as net
 from dradriver.api import parameters as params
 from dradriver.cel import validate_selector
+from dradriver.devices import names
 from dradriver.errors import FieldError, render, under
 from dradriver.k8s.objects import Obj
 from dradriver.webhook.registration import device_classes
@@ -110,13 +111,27 @@ def parameters_errors(obj: Obj) -> list[FieldError]:
     return _selector_errors(list(spec.selectors), "spec.selectors")
 
 
-def network_pool_errors(obj: Obj) -> list[FieldError]:
+def network_pool_errors(obj: Obj, driver: str) -> list[FieldError]:
     """What is wrong with a NetworkDevicePool object (field paths from its root)."""
     try:
         net.validate_object(obj)
     except net.NetworkPoolError as e:
         return list(e.field_errors)
-    return []
+    return _own_domain_errors(driver, _dict(obj.get("spec")).get("devices"))
+
+
+def _own_domain_errors(driver: str, devices: Any) -> list[FieldError]:
+    """Attribute and capacity names that spell out the driver's own domain: published
+    without it (the 1.38 kubelet-plugin helper rejects it), so ``model`` and
+    ``<driver>/model`` would be one name."""
+    errors: list[FieldError] = []
+    for index, device in enumerate(_list(devices)):
+        for field, what in (("attributes", "attribute"), ("capacity", "capacity")):
+            for key in _dict(_dict(device).get(field)):
+                problem = names.own_domain_prefix_problem(str(key), driver, what)
+                if problem is not None:
+                    errors.append(FieldError(f"spec.devices[{index}].{field}.{key}", problem))
+    return errors
 
 
 def opaque_errors(driver: str, parameters: Any, where: str) -> list[FieldError]:
@@ -149,6 +164,20 @@ def _request_selector_errors(settings: Settings, request: Obj, where: str) -> li
             problem = selector_problem(expression)
             if problem is not None:
                 errors.append(FieldError(f"{where}.selectors[{index}].cel.expression", problem))
+    # The scheduler looks a capacity request up by the exact name the slice publishes, and
+    # dradriver publishes its own names without its domain.
+    requests = _dict(_dict(request.get("capacity")).get("requests"))
+    for key in requests:
+        problem = names.own_domain_prefix_problem(str(key), settings.driver, "capacity")
+        if problem is not None:
+            errors.append(
+                FieldError(
+                    f"{where}.capacity.requests.{key}",
+                    problem.split(" (the domain")[0]
+                    + ": the devices publish it without the domain and the scheduler "
+                    "matches capacity requests by the exact name",
+                )
+            )
     return errors
 
 
@@ -208,7 +237,7 @@ def validate(settings: Settings, request: Obj) -> Verdict:
     if kind == params.KIND:
         errors = parameters_errors(obj)
     elif kind == net.KIND:
-        errors = network_pool_errors(obj)
+        errors = network_pool_errors(obj, settings.driver)
     elif kind == CLAIM_KIND:
         errors = claim_spec_errors(settings, obj.get("spec"), "spec")
     else:

@@ -175,7 +175,7 @@ def claim_spec(
 ) -> Obj:
     exactly: Obj = {"deviceClassName": f"{DRIVER}-{cls}", "count": count}
     if capacity:
-        exactly["capacity"] = {"requests": {f"{DRIVER}/memory": capacity}}
+        exactly["capacity"] = {"requests": {"memory": capacity}}  # as the slice spells it
     if selector:
         exactly["selectors"] = [{"cel": {"expression": selector}}]
     devices: Obj = {"requests": [{"name": "dev", "exactly": exactly}]}
@@ -302,6 +302,39 @@ def test_pod_gets_a_device_whose_cdi_ids_resolve(
     assert edits.device_nodes[0].path == f"/dev/dradriver/{result['device']}"
     assert edits.env["DRADRIVER_CLAIM"] == f"{namespace}/{claim['metadata']['name']}"
     assert len(hook_lines(published, "setup", claim["metadata"]["uid"])) == 1
+
+
+def test_prepared_claim_gets_its_device_status_published_and_the_policy_admits_it(
+    published: NodePlugin, api: AdminAPI, namespace: str, local_cluster: LocalCluster
+) -> None:
+    """status.devices written by the plugin itself, with the DaemonSet's identity: its RBAC
+    and claim-status-policy.yaml (installed by the harness) both admit the write."""
+    make_template(api, namespace, "status", claim_spec("plain"))
+    make_pod(api, namespace, "s", template="status")
+    wait_running(api, namespace, "s")
+    claim = pod_claim(api, namespace, "s")
+    [result] = claim["status"]["allocation"]["devices"]["results"]
+    path = path_for(R, "resourceclaims", namespace, claim["metadata"]["name"])
+
+    def published_entry() -> Obj | None:
+        for entry in api.get(path).get("status", {}).get("devices") or []:
+            if (entry["driver"], entry["pool"], entry["device"]) == (
+                DRIVER,
+                NODE,
+                result["device"],
+            ) and entry.get("conditions"):
+                return dict(entry)
+        return None
+
+    entry = wait_until("the claim's device status", published_entry, DEADLINE)
+    [ready] = entry["conditions"]
+    assert (ready["type"], ready["status"], ready["reason"]) == ("Ready", "True", "Prepared")
+    assert entry["data"]["node"] == NODE
+    # What the kubelet got for the claim (the metadata mount included).
+    uid = claim["metadata"]["uid"]
+    assert entry["data"]["cdiDeviceIDs"] == read_kubelet_cdi_ids(
+        local_cluster.layout.kubelet_root, uid, DRIVER, with_metadata=True
+    )
 
 
 def test_shared_claim_is_prepared_once_and_unprepared_after_the_last_pod(
@@ -605,7 +638,7 @@ def test_consumable_capacity_shares_one_device(
     assert {r["device"] for r, _ in results} == {"shared-0"}
     assert results[0][0]["shareID"] != results[1][0]["shareID"]
     assert results[0][1] != results[1][1]
-    assert all(r["consumedCapacity"][f"{DRIVER}/memory"] == "8Gi" for r, _ in results)
+    assert all(r["consumedCapacity"]["memory"] == "8Gi" for r, _ in results)
 
 
 def test_unhealthy_device_is_tainted_and_not_allocated(

@@ -12,6 +12,7 @@ The devices are the static source's mock devices: character devices with
 from __future__ import annotations
 
 import errno
+import json
 import os
 import shutil
 import stat
@@ -192,7 +193,7 @@ def request(
         expression = f'device.attributes["{DRIVER}"].index == {index}'
         exactly["selectors"] = [{"cel": {"expression": expression}}]
     if capacity:
-        exactly["capacity"] = {"requests": {f"{DRIVER}/memory": capacity}}
+        exactly["capacity"] = {"requests": {"memory": capacity}}  # as the slice spells it
     if admin:
         exactly["adminAccess"] = True
     return {"name": "dev", "exactly": exactly}
@@ -355,6 +356,90 @@ def test_both_containers_see_the_device_env_and_config_and_a_new_pod_gets_it_aga
     assert again.env["DRADRIVER_CLAIM"] == claim_env(namespace, claim_q)
 
 
+METADATA_DIR = "/var/run/kubernetes.io/dra-device-attributes"
+
+
+def json_stream(text: str) -> list[Obj]:
+    """The JSON objects of a KEP-5304 metadata file, in order."""
+    decoder, out, at = json.JSONDecoder(), [], 0
+    while text[at:].strip():
+        while text[at].isspace():
+            at += 1
+        obj, at = decoder.raw_decode(text, at)
+        out.append(obj)
+    return out
+
+
+def test_the_container_reads_the_device_metadata_file_of_its_claims(
+    published: NodePlugin, api: AdminAPI, namespace: str
+) -> None:
+    """KEP-5304: the file the 1.37 helper would mount, at the path a workload can compute
+    from its own pod spec (template claims by the pod's name for them, direct claims by
+    their name), read by the container itself."""
+    make_template(api, namespace, "meta", claim_spec(request("plain", index=1)))
+    make_claim(api, namespace, "meta-direct", claim_spec(request("shared", capacity="1Gi")))
+    from_template = f"{METADATA_DIR}/resourceclaimtemplates/dev/dev/{DRIVER}-metadata.json"
+    direct = f"{METADATA_DIR}/resourceclaims/meta-direct/dev/{DRIVER}-metadata.json"
+    script = f"cat {from_template}; echo '---'; cat {direct}"
+    body: Obj = {
+        "terminationGracePeriodSeconds": 1,
+        "restartPolicy": "Never",
+        "resourceClaims": [
+            {"name": "dev", "resourceClaimTemplateName": "meta"},
+            {"name": "direct", "resourceClaimName": "meta-direct"},
+        ],
+        "containers": [
+            {
+                "name": "c0",
+                "image": PROBE_IMAGE,
+                "imagePullPolicy": "Never",
+                "command": ["sh", "-c", script],
+                "resources": {"claims": [{"name": "dev"}, {"name": "direct"}]},
+            }
+        ],
+    }
+    api.create(path_for("v1", "pods", namespace), {"metadata": {"name": "meta"}, "spec": body})
+
+    def finished() -> str | None:
+        pod = api.get(path_for("v1", "pods", namespace, "meta"))
+        phase = pod.get("status", {}).get("phase")
+        if phase == "Failed":
+            raise AssertionError(
+                f"{api.pod_log(namespace, 'meta', 'c0')}; events: "
+                f"{pod_events(api, namespace, 'meta')}"
+            )
+        return api.pod_log(namespace, "meta", "c0") if phase == "Succeeded" else None
+
+    try:
+        printed = wait_until("the metadata printed", finished, DEADLINE)
+    except TimeoutError as e:
+        raise AssertionError(f"{e}; events: {pod_events(api, namespace, 'meta')}") from e
+    first, second = printed.split("---\n")
+    # The pod has finished, so its template claim may be gone: the pod status names it.
+    pod = api.get(path_for("v1", "pods", namespace, "meta"))
+    generated = {s["name"]: s["resourceClaimName"] for s in pod["status"]["resourceClaimStatuses"]}
+    template_objects = json_stream(first)
+    assert [o["apiVersion"] for o in template_objects] == [
+        "metadata.resource.k8s.io/v1beta1",
+        "metadata.resource.k8s.io/v1alpha1",
+    ]
+    newest = template_objects[0]
+    assert newest["kind"] == "DeviceMetadata" and newest["podClaimName"] == "dev"
+    assert newest["metadata"]["name"] == generated["dev"]
+    assert newest["metadata"]["namespace"] == namespace
+    [request_entry] = newest["requests"]
+    assert request_entry["name"] == "dev"
+    [device] = request_entry["devices"]
+    assert (device["driver"], device["pool"], device["name"]) == (DRIVER, NODE, "dev-1")
+    # The attributes as the slice publishes them: the driver's own without its domain.
+    assert device["attributes"]["kind"] == {"string": "plain"}
+    assert device["attributes"]["index"] == {"int": 1}
+    [direct_newest, _] = json_stream(second)
+    assert "podClaimName" not in direct_newest
+    assert direct_newest["metadata"]["name"] == "meta-direct"
+    assert direct_newest["requests"][0]["devices"][0]["name"] == "shared-0"
+
+
 def test_a_shared_claim_gives_both_pods_the_same_device(
     published: NodePlugin, api: AdminAPI, namespace: str, local_cluster: LocalCluster
 ) -> None:
@@ -387,8 +472,8 @@ def test_consumable_capacity_device_with_two_share_ids(
     results = {s: result(c) for s, c in claims.items()}
     assert {r["device"] for r in results.values()} == {"shared-0"}
     assert results["a"]["shareID"] != results["b"]["shareID"]
-    assert results["a"]["consumedCapacity"][f"{DRIVER}/memory"] == "4Gi"
-    assert results["b"]["consumedCapacity"][f"{DRIVER}/memory"] == "2Gi"
+    assert results["a"]["consumedCapacity"]["memory"] == "4Gi"
+    assert results["b"]["consumedCapacity"]["memory"] == "2Gi"
     for share, container in seen.items():
         [node] = claim_nodes(published, local_cluster, claims[share])
         assert node.path == "/dev/dradriver/shared-0"

@@ -553,12 +553,15 @@ def test_capacity_valid_range_max() -> None:
 
 def test_capacity_request_for_missing_capacity() -> None:
     assert run([shareable()], [claim("c", request("n", capacity={"memory": "1"}))]).unsatisfiable
-    # Qualified with the driver's domain works too.
+    # As in the scheduler (k8s.io/dynamic-resource-allocation v0.37.2, a plain map lookup of
+    # the request's key in the slice's capacity): the slice says "queues", so a request for
+    # "<driver>/queues" names a capacity the device does not have.
     outcome = run(
         [shareable()],
         [claim("c", request("n", capacity={f"{DRIVER}/queues": "1", "bandwidth": "1G"}))],
     )
-    assert outcome.ok
+    assert outcome.unsatisfiable
+    assert run([shareable()], [claim("c", request("n", capacity={"queues": "1"}))]).ok
 
 
 def test_capacity_request_on_a_dedicated_device_must_fit() -> None:

@@ -375,3 +375,54 @@ def test_format_location() -> None:
     )
     assert format_location(("attributes", "a.b/c", "[key]")) == "attributes['a.b/c'] (key)"
     assert format_location(()) == ""
+
+
+# --- attribute names: no own-domain prefix (1.38 helper), standard numaNode -----------------
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (
+            "sources: [{static: {devices: [{name: d, attributes: {dradriver.dev/model: x}}]}}]",
+            "sources[0].static.devices[0].attributes.dradriver.dev/model: attribute "
+            "'dradriver.dev/model' spells out the driver's own domain; write 'model'",
+        ),
+        (
+            "driverName: gpu.example.org\n"
+            "sources: [{devglob: {glob: /dev/x*, capacity: {gpu.example.org/memory: 1Gi}}}]",
+            "sources[0].devglob.capacity.gpu.example.org/memory: capacity "
+            "'gpu.example.org/memory' spells out the driver's own domain; write 'memory'",
+        ),
+        (
+            "sources: [{static: {devices: [{name: d, "
+            "attributes: {resource.kubernetes.io/numaNode: -1}}]}}]",
+            "sources[0].static.devices[0].attributes.resource.kubernetes.io/numaNode: must be "
+            "an int NUMA node from 0 to 1023; leave it out for a device without NUMA affinity",
+        ),
+        (
+            "sources: [{static: {devices: [{name: d, "
+            'attributes: {resource.kubernetes.io/numaNode: "0"}}]}}]',
+            "resource.kubernetes.io/numaNode: must be an int NUMA node",
+        ),
+        (
+            "sources: [{pci: {attributes: {resource.kubernetes.io/numaNode: 0}}}]",
+            "attributes ['resource.kubernetes.io/numaNode'] are set by the pci source itself",
+        ),
+    ],
+)
+def test_attribute_name_rules_name_the_field_and_the_fix(
+    tmp_path: Path, text: str, message: str
+) -> None:
+    assert message in str(_error(tmp_path, text))
+
+
+def test_other_domains_and_the_standard_numa_node_are_accepted_in_config() -> None:
+    config = parse_config(
+        "sources: [{static: {devices: [{name: d, attributes: "
+        "{other.example.com/model: x, resource.kubernetes.io/numaNode: 1}}]}}]"
+    )
+    (source,) = config.sources
+    assert source.static is not None
+    (entry,) = source.static.devices
+    assert set(entry.attributes) == {"other.example.com/model", "resource.kubernetes.io/numaNode"}

@@ -22,7 +22,7 @@ from dradriver.devices.config import (
 from dradriver.devices.devglob import DevGlobSource, device_name_for_path
 from dradriver.devices.model import Device
 from dradriver.devices.names import validate_dns_label
-from dradriver.devices.pci import PCIE_ROOT_ATTRIBUTE, PciSource, device_name_for_address
+from dradriver.devices.pci import PciSource, device_name_for_address
 from dradriver.devices.sources import (
     DeviceSource,
     DuplicateDeviceError,
@@ -30,6 +30,7 @@ from dradriver.devices.sources import (
     discover_all,
 )
 from dradriver.devices.static import StaticSource, create_mock_device, is_mock_device
+from dradriver.devices.topology import PCIE_ROOT_ATTRIBUTE
 
 DRIVER = "dradriver.dev"
 
@@ -270,17 +271,19 @@ def test_pci_fake_sysfs_attributes_pcie_root_and_numa(fake_sysfs: Path) -> None:
     devices = PciSource("sources[2] (pci)", config).discover()
     assert [d.name for d in devices] == ["pci-0000-02-00-0", "pci-0000-81-00-0"]
     first, second = devices
+    # The driver's own names are published without its domain; the standard ones keep theirs.
     assert first.to_api(DRIVER)["attributes"] == {
-        "dradriver.dev/class": {"string": "0x030200"},
-        "dradriver.dev/deviceID": {"string": "0x2330"},
-        "dradriver.dev/model": {"string": "H100"},
-        "dradriver.dev/numaNode": {"int": 0},
-        "dradriver.dev/pciAddress": {"string": "0000:02:00.0"},
-        "dradriver.dev/vendorID": {"string": "0x10de"},
+        "class": {"string": "0x030200"},
+        "deviceID": {"string": "0x2330"},
+        "model": {"string": "H100"},
+        "pciAddress": {"string": "0000:02:00.0"},
+        "resource.kubernetes.io/numaNode": {"int": 0},
         "resource.kubernetes.io/pcieRoot": {"string": "pci0000:00"},
+        "vendorID": {"string": "0x10de"},
     }
     assert second.attributes[PCIE_ROOT_ATTRIBUTE] == StringAttribute(value="pci0000:80")
-    assert second.attributes["numaNode"] == IntAttribute(value=1)
+    assert second.attributes["resource.kubernetes.io/numaNode"] == IntAttribute(value=1)
+    assert "numaNode" not in second.attributes  # the standard name replaces the driver's own
     assert second.attributes["vendorID"] == StringAttribute(value="0x10de")  # lowercased
     assert first.health_files == (str(fake_sysfs / "bus/pci/devices/0000:02:00.0"),)
 
@@ -299,7 +302,16 @@ def test_pci_filters(fake_sysfs: Path) -> None:
     mellanox = PciSource(
         "s", PciSourceConfig.model_validate({"sysfsRoot": str(fake_sysfs), "vendor": "0x15b3"})
     ).discover()[0]
-    assert "numaNode" not in mellanox.attributes  # no numa_node file
+    assert "resource.kubernetes.io/numaNode" not in mellanox.attributes  # no numa_node file
+    (intel,) = PciSource(
+        "s",
+        PciSourceConfig.model_validate(
+            {"sysfsRoot": str(fake_sysfs), "vendor": "0x8086", "class": "0x0600"}
+        ),
+    ).discover()
+    # numa_node -1 (no NUMA affinity): the attribute is left out, as the standard demands
+    # (a -1 would match every other NUMA-less device under matchAttribute).
+    assert "resource.kubernetes.io/numaNode" not in intel.attributes
 
 
 def test_pci_device_removed_from_sysfs_turns_unhealthy(fake_sysfs: Path) -> None:
@@ -332,7 +344,7 @@ def test_pci_on_this_machines_sysfs() -> None:
         api = device.to_api(DRIVER)
         validate_dns_label(api["name"])
         assert device.healthy
-        assert api["attributes"]["dradriver.dev/vendorID"]["string"].startswith("0x")
+        assert api["attributes"]["vendorID"]["string"].startswith("0x")
         resolved = os.path.realpath(f"/sys/bus/pci/devices/{device.attributes['pciAddress']}")
         if "/devices/pci" in resolved:
             root = api["attributes"][PCIE_ROOT_ATTRIBUTE]["string"]

@@ -118,12 +118,23 @@ TWO_NODES = topo(
 )
 
 
-def test_topology_comes_from_attributes() -> None:
+def test_topology_comes_from_the_standard_attributes() -> None:
     device = Device(
-        name="d", attributes={"numaNode": 1, "resource.kubernetes.io/pcieRoot": "pci0000:00"}
+        name="d",
+        attributes={
+            "resource.kubernetes.io/numaNode": 1,
+            "resource.kubernetes.io/pcieRoot": "pci0000:00",
+        },
     )
     assert device_topology(device, DRIVER) == Topology(1, "pci0000:00")
     assert device_topology(Device(name="e"), DRIVER) == Topology()
+
+
+def test_the_driver_own_numa_node_from_older_configuration_still_counts() -> None:
+    legacy = Device(name="d", attributes={"numaNode": 1})
+    assert device_topology(legacy, DRIVER) == Topology(1, None)
+    both = Device(name="d", attributes={"numaNode": 1, "resource.kubernetes.io/numaNode": 0})
+    assert device_topology(both, DRIVER) == Topology(0, None)  # the standard one wins
 
 
 def test_natural_order() -> None:

@@ -56,7 +56,7 @@ def _error(exc: pytest.ExceptionInfo[ValidationError]) -> str:
 )
 def test_each_attribute_type_in_api_json(raw: object, api: dict[str, Any]) -> None:
     device = Device(name="dev-0", attributes={"a": raw})
-    assert device.to_api(DRIVER)["attributes"] == {"dradriver.dev/a": api}
+    assert device.to_api(DRIVER)["attributes"] == {"a": api}
 
 
 def test_attribute_values_keep_their_python_types() -> None:
@@ -98,17 +98,28 @@ def test_invalid_attribute_values_say_why(raw: object, message: str) -> None:
 # --------------------------------------------------------------------------------------------
 
 
-def test_unqualified_names_get_the_driver_domain_qualified_ones_are_kept() -> None:
+def test_own_names_are_published_without_the_driver_domain_other_domains_kept() -> None:
+    # The 1.38 kubelet-plugin helper rejects names that spell out the driver's own domain;
+    # unqualified names in a slice belong to its driver, so selectors read them the same.
     device = Device(
         name="gpu-0",
-        attributes={"model": "x", "resource.kubernetes.io/pcieRoot": "pci0000:00"},
+        attributes={
+            "model": "x",
+            "gpu.example.org/firmware": "1",
+            "resource.kubernetes.io/pcieRoot": "pci0000:00",
+        },
         capacity={"memory": "1Gi", "example.com/slots": 4},
     )
     api = device.to_api("gpu.example.org")
-    assert set(api["attributes"]) == {"gpu.example.org/model", "resource.kubernetes.io/pcieRoot"}
+    assert set(api["attributes"]) == {"firmware", "model", "resource.kubernetes.io/pcieRoot"}
     assert api["capacity"] == {
-        "gpu.example.org/memory": {"value": "1Gi"},
+        "memory": {"value": "1Gi"},
         "example.com/slots": {"value": "4"},
+    }
+    assert device.qualified_attributes("gpu.example.org").keys() == {
+        "gpu.example.org/firmware",
+        "gpu.example.org/model",
+        "resource.kubernetes.io/pcieRoot",
     }
     assert qualify("model", DRIVER) == "dradriver.dev/model"
     assert qualify("a.b/model", DRIVER) == "a.b/model"
@@ -228,7 +239,7 @@ def test_quantity_as_int_rounds_up_like_go() -> None:
 
 def test_capacity_accepts_numbers_and_rejects_bad_quantities() -> None:
     device = Device(name="d", capacity={"cores": 8, "ratio": 0.5, "mem": "16Gi"})
-    assert device.to_api(DRIVER)["capacity"]["dradriver.dev/cores"] == {"value": "8"}
+    assert device.to_api(DRIVER)["capacity"]["cores"] == {"value": "8"}
     assert device.capacity["ratio"].value == "0.5"
     with pytest.raises(ValidationError) as exc:
         Device(name="d", capacity={"mem": "16GB"})
@@ -260,11 +271,11 @@ def test_consumable_capacity_in_api_json() -> None:
     )
     api = device.to_api(DRIVER)
     assert api["allowMultipleAllocations"] is True
-    assert api["capacity"]["dradriver.dev/bandwidth"] == {
+    assert api["capacity"]["bandwidth"] == {
         "value": "10G",
         "requestPolicy": {"default": "1G", "validRange": {"min": "1G", "step": "1G"}},
     }
-    assert api["capacity"]["dradriver.dev/queues"]["requestPolicy"] == {
+    assert api["capacity"]["queues"]["requestPolicy"] == {
         "default": "2",
         "validValues": ["1", "2", "4", "8"],
     }

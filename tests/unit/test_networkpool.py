@@ -91,7 +91,7 @@ def test_slices_for_all_nodes_bind_to_the_chosen_node() -> None:
     assert body["allNodes"] is True and "nodeName" not in body
     assert body["pool"] == {"name": "network/fab", "generation": 3, "resourceSliceCount": 1}
     [device] = body["devices"]
-    assert device["attributes"] == {"dradriver.dev/model": {"string": "x1"}}
+    assert device["attributes"] == {"model": {"string": "x1"}}  # no own-domain prefix
     assert device["bindsToNode"] is True
     assert device["bindingConditions"] == ["dradriver.dev/attached"]
     assert device["bindingFailureConditions"] == ["dradriver.dev/attach-failed"]

@@ -215,7 +215,7 @@ def test_slices_equal_ignores_generation_server_fields_and_quantity_spelling() -
     existing["pool"]["generation"] = 7
     device = existing["devices"][0]
     device["taints"][0]["timeAdded"] = "2025-01-01T00:00:00Z"
-    device["capacity"]["dradriver.dev/memory"]["value"] = "1Gi"
+    device["capacity"]["memory"]["value"] = "1Gi"
     device["consumesCounters"][0]["counters"]["memory"]["value"] = "1"
     device["allowMultipleAllocations"] = False
     device["bindingConditions"] = None
@@ -228,9 +228,9 @@ def test_slices_equal_ignores_generation_server_fields_and_quantity_spelling() -
 @pytest.mark.parametrize(
     "change",
     [
-        lambda s: s["devices"][0]["attributes"]["dradriver.dev/model"].update(string="n"),
-        lambda s: s["devices"][0]["attributes"].pop("dradriver.dev/fw"),
-        lambda s: s["devices"][0]["capacity"]["dradriver.dev/memory"].update(value="2Gi"),
+        lambda s: s["devices"][0]["attributes"]["model"].update(string="n"),
+        lambda s: s["devices"][0]["attributes"].pop("fw"),
+        lambda s: s["devices"][0]["capacity"]["memory"].update(value="2Gi"),
         lambda s: s["devices"][0].pop("taints"),
         lambda s: s["devices"][0]["taints"][0].update(effect="NoExecute"),
         lambda s: s["devices"][0].update(allowMultipleAllocations=True),

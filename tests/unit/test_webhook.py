@@ -280,6 +280,23 @@ def test_valid_network_pool_is_admitted(client: TestClient) -> None:
             "metadata.name: NetworkDevicePool name 'fabric.a' is not a DNS label",
         ),
         (pool(None), "spec.attach: Field required; spec.devices: Field required"),
+        (
+            pool(
+                pool_spec(
+                    devices=[
+                        {
+                            "name": "a",
+                            "attributes": {"dradriver.dev/model": {"string": "x"}},
+                            "capacity": {"dradriver.dev/memory": {"value": "1Gi"}},
+                        }
+                    ]
+                )
+            ),
+            "spec.devices[0].attributes.dradriver.dev/model: attribute 'dradriver.dev/model' "
+            "spells out the driver's own domain; write 'model' (the domain is implied by the "
+            'driver, and selectors still read it as device.attributes["dradriver.dev"].model); '
+            "spec.devices[0].capacity.dradriver.dev/memory: capacity",
+        ),
     ],
 )
 def test_invalid_network_pool_names_field_and_allowed_values(
@@ -900,3 +917,18 @@ def test_controller_webhook_app_has_the_controllers_readiness_and_metrics(
         monkeypatch.setattr(Informer, "has_synced", property(lambda self: True))
         resp = c.get("/readyz")
         assert (resp.status_code, resp.text) == (200, "ok: caches synced (no leader election)\n")
+
+
+def test_capacity_request_spelling_out_the_driver_domain_is_denied(client: TestClient) -> None:
+    exactly = {"deviceClassName": DRIVER, "capacity": {"requests": {f"{DRIVER}/memory": "4Gi"}}}
+    message = denied(
+        client, review("ResourceClaim", claim(requests=[{"name": "m", "exactly": exactly}]))
+    )
+    assert (
+        "spec.devices.requests[0].exactly.capacity.requests.dradriver.dev/memory: capacity "
+        "'dradriver.dev/memory' spells out the driver's own domain; write 'memory': the devices "
+        "publish it without the domain and the scheduler matches capacity requests by the exact "
+        "name"
+    ) in message
+    exactly["capacity"] = {"requests": {"memory": "4Gi"}}
+    allowed(client, review("ResourceClaim", claim(requests=[{"name": "m", "exactly": exactly}])))
