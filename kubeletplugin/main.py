@@ -179,6 +179,7 @@ class Plugin:
         )
         self.helper = KubeletPluginHelper(self.driver, self.paths)
         self.helper.registration.on_registered = self.metrics.registrations.inc
+        self.helper.on_kubelet_call = self._count_kubelet_call
         self.slices = slice_informer(self.client, self.driver_name, self.node)
         self.publisher = SlicePublisher(
             self.client,
@@ -202,6 +203,9 @@ class Plugin:
             self.driver.handle_error(e, "building the node's ResourceSlices")
             return
         self.publisher.set_pool(pool)
+
+    def _count_kubelet_call(self, service: str, method: str) -> None:
+        self.metrics.kubelet_calls.labels(service, method).inc()
 
     def ready(self) -> tuple[bool, str]:
         if not self.helper.registered:

@@ -257,6 +257,7 @@ def running(
         yield proc
 
 
+@pytest.mark.compat("immediate")
 def test_immediate_claim_is_allocated_without_a_pod_then_used_by_one(
     api: AdminAPI, namespace: str, running: ControllerProcess
 ) -> None:

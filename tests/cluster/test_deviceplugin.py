@@ -404,6 +404,7 @@ def test_node_capacity_and_allocatable_show_the_resource(ready: Shim, api: Admin
     assert ready.metric("dradriver_deviceplugin_registered", resource=ready.resource) == 1
 
 
+@pytest.mark.compat("shim")
 def test_pod_gets_cdi_devices_from_allocate_and_prestart_runs(
     ready: Shim, api: AdminAPI, namespace: str, local_cluster: LocalCluster
 ) -> None:

@@ -17,6 +17,7 @@ import yaml
 
 from controller.claims.allocation import ALLOCATION_ANNOTATION
 from devtools.cluster.api import AdminAPI
+from devtools.cluster.gates import kubelet_gates, why_off
 from devtools.cluster.kubeletstate import kubelet_cdi_ids as read_kubelet_cdi_ids
 from devtools.cluster.local import LocalCluster
 from devtools.cluster.wait import wait_until
@@ -35,6 +36,7 @@ from dradriver.kubeletapi.gen import dra_v1_pb2, dra_v1_pb2_grpc
 from dradriver.resourceslice.builder import build_slices
 from dradriver.resourceslice.pool import node_pool
 from dradriver.resourceslice.publisher import SlicePublisher, slice_informer
+from tests.cluster.conftest import Recorder
 
 DRIVER = "dradriver.dev"
 NODE = "node-1"
@@ -284,9 +286,21 @@ def cdi(plugin: NodePlugin) -> CDIRegistry:
     return CDIRegistry(plugin.cdi_dir, DRIVER)
 
 
+def kubelet_calls(plugin: NodePlugin) -> dict[tuple[str, str], float]:
+    """(service, method) -> calls, from the plugin's ``dradriver_kubelet_calls_total``."""
+    calls: dict[tuple[str, str], float] = {}
+    for line in plugin.metrics().splitlines():
+        if line.startswith("dradriver_kubelet_calls_total{"):
+            labels, value = line.split("{", 1)[1].rsplit("}", 1)
+            parsed = dict(part.split("=", 1) for part in labels.split(",") if "=" in part)
+            calls[(parsed["service"].strip('"'), parsed["method"].strip('"'))] = float(value)
+    return calls
+
+
 # ----- tests --------------------------------------------------------------------
 
 
+@pytest.mark.compat("prepare")
 def test_pod_gets_a_device_whose_cdi_ids_resolve(
     published: NodePlugin, api: AdminAPI, namespace: str, local_cluster: LocalCluster
 ) -> None:
@@ -302,6 +316,41 @@ def test_pod_gets_a_device_whose_cdi_ids_resolve(
     assert edits.device_nodes[0].path == f"/dev/dradriver/{result['device']}"
     assert edits.env["DRADRIVER_CLAIM"] == f"{namespace}/{claim['metadata']['name']}"
     assert len(hook_lines(published, "setup", claim["metadata"]["uid"])) == 1
+
+
+@pytest.mark.compat("dra-service")
+def test_the_kubelet_prepares_through_one_dra_service_version(
+    published: NodePlugin, api: AdminAPI, namespace: str, matrix_notes: Recorder
+) -> None:
+    """Which of the advertised DRA services (v1, v1beta1) this release's kubelet calls."""
+    make_template(api, namespace, "one", claim_spec("plain"))
+    make_pod(api, namespace, "p", template="one")
+    wait_running(api, namespace, "p")
+    wait_pod_gone(api, namespace, "p")
+    calls = kubelet_calls(published)
+    used = {service for (service, method) in calls if method == "NodePrepareResources"}
+    assert len(used) == 1, calls
+    assert (used.pop(), "NodeUnprepareResources") in calls, calls
+    service = next(s for (s, m) in calls if m == "NodePrepareResources")
+    matrix_notes.note("dra-service", service.removesuffix(".DRAPlugin"))
+
+
+@pytest.mark.compat("dra-health")
+def test_the_kubelet_watches_device_health(
+    published: NodePlugin, api: AdminAPI, matrix_notes: Recorder
+) -> None:
+    """The kubelet opens the health stream right after registration, if it has the gate on."""
+
+    def streams() -> set[str]:
+        return {s for (s, m) in kubelet_calls(published) if m == "NodeWatchResources"}
+
+    try:
+        opened = wait_until("the kubelet's health stream", lambda: streams() or None, 30)
+    except TimeoutError:
+        gate = why_off(kubelet_gates(api, NODE), "ResourceHealthStatus")
+        pytest.skip(f"the kubelet opened no health stream: {gate or 'no gate reported off'}")
+    assert len(opened) == 1, opened
+    matrix_notes.note("dra-health", opened.pop().removesuffix(".DRAResourceHealth"))
 
 
 def test_shared_claim_is_prepared_once_and_unprepared_after_the_last_pod(
@@ -825,6 +874,7 @@ def test_rolling_update_hands_over_without_a_gap(
         published.wait_ready()
 
 
+@pytest.mark.compat("slices")
 def test_unchanged_inventory_writes_nothing(local_cluster: LocalCluster) -> None:
     driver, node = "pubtest.dradriver.dev", "pub-node"
     devices = [Device(name=f"d-{i}", attributes={"index": i}) for i in range(300)]
