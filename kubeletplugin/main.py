@@ -22,6 +22,8 @@ from dradriver.httpserver import HTTPEndpoint, build_app
 from dradriver.k8s.client import KubeClient, load_connection
 from dradriver.log import configure, get_logger
 from dradriver.plugin.helper import KubeletPluginHelper, PluginPaths
+from dradriver.resourceslice import capabilities
+from dradriver.resourceslice.capabilities import say_what_this_cluster_lacks
 from dradriver.resourceslice.pool import SliceError
 from dradriver.resourceslice.publisher import SlicePublisher, slice_informer
 from kubeletplugin.inventory import NodeInventory
@@ -246,6 +248,9 @@ class Plugin:
             node=self.node,
             devices=len(self.inventory.devices),
             **counts,
+        )
+        await say_what_this_cluster_lacks(
+            self.client, self.driver_name, self.node, self.node, capabilities.NODE_FEATURES
         )
         http = HTTPEndpoint(
             build_app(self.ready, self.metrics.registry, "dradriver-kubeletplugin"),

@@ -24,6 +24,7 @@ import pytest
 from controller.claims import fences as fence
 from controller.claims.allocation import ALLOCATION_ANNOTATION, FINALIZER, STATUS_ANNOTATION
 from devtools.cluster.api import AdminAPI
+from devtools.cluster.gates import apiserver_gates, why_off
 from devtools.cluster.local import LocalCluster
 from devtools.cluster.wait import wait_until
 from devtools.harness.controller import (
@@ -261,6 +262,23 @@ def running(
 def test_immediate_claim_is_allocated_without_a_pod_then_used_by_one(
     api: AdminAPI, namespace: str, running: ControllerProcess
 ) -> None:
+    # What this release lacks is said once, in one line, at start-up; allocation goes on.
+    gates = apiserver_gates(api)
+    lacking = [
+        name
+        for name, gate in (
+            ("device taints", "DRADeviceTaints"),
+            ("binding conditions", "DRADeviceBindingConditions"),
+        )
+        if why_off(gates, gate)
+    ]
+    lines = [
+        line
+        for line in running.log_path.read_text().splitlines()
+        if "not available on this cluster" in line
+    ]
+    assert len(lines) == (1 if lacking else 0), lines
+    assert all(name in lines[0] for name in lacking)
     with Rig(api, namespace, devices=2) as rig:
         try:
             rig.claim("early")

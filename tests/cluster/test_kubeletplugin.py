@@ -17,7 +17,7 @@ import yaml
 
 from controller.claims.allocation import ALLOCATION_ANNOTATION
 from devtools.cluster.api import AdminAPI
-from devtools.cluster.gates import kubelet_gates, why_off
+from devtools.cluster.gates import apiserver_gates, kubelet_gates, why_off
 from devtools.cluster.kubeletstate import kubelet_cdi_ids as read_kubelet_cdi_ids
 from devtools.cluster.local import LocalCluster
 from devtools.cluster.wait import wait_until
@@ -333,6 +333,31 @@ def test_the_kubelet_prepares_through_one_dra_service_version(
     assert (used.pop(), "NodeUnprepareResources") in calls, calls
     service = next(s for (s, m) in calls if m == "NodePrepareResources")
     matrix_notes.note("dra-service", service.removesuffix(".DRAPlugin"))
+
+
+@pytest.mark.compat("slices")
+def test_the_plugin_says_once_what_this_cluster_lacks(published: NodePlugin, api: AdminAPI) -> None:
+    """One start-up line for the gated slice features the apiserver drops; none if it keeps all.
+
+    The plugin is serving (published) either way: the rest keeps working.
+    """
+    gates = apiserver_gates(api)
+    lacking = [
+        name
+        for name, gate in (
+            ("device taints", "DRADeviceTaints"),
+            ("partitionable devices", "DRAPartitionableDevices"),
+            ("consumable capacity", "DRAConsumableCapacity"),
+        )
+        if why_off(gates, gate)
+    ]
+    lines = [
+        line
+        for line in published.log_path.read_text().splitlines()
+        if "not available on this cluster" in line
+    ]
+    assert len(lines) == (1 if lacking else 0), lines
+    assert all(name in lines[0] for name in lacking), lines
 
 
 @pytest.mark.compat("dra-health")
