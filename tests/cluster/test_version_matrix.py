@@ -239,7 +239,8 @@ def test_what_a_device_status_write_needs_besides_resourceclaims_status(
         assert granular is None or not granular.enabled
         matrix_notes.note("status-authz", "plain: `resourceclaims/status` is enough")
         return
-    assert denied.status == 403, denied
+    # 1.36 answers 422 Invalid (a field error on status.devices), not 403.
+    assert denied.status in (403, 422), denied
     message = str(denied.body.get("message", ""))
     assert "resourceclaims/driver" in message, message
     assert granular is not None and granular.enabled
