@@ -9,9 +9,13 @@ assuming it from the release notes.
 from __future__ import annotations
 
 import re
+import ssl
 from dataclasses import dataclass
 
+import httpx
+
 from devtools.cluster.api import AdminAPI
+from devtools.cluster.local import LocalCluster
 
 _LINE = re.compile(
     r"^kubernetes_feature_enabled\{(?P<labels>[^}]*)\}\s+(?P<value>[0-9.eE+-]+)\s*$", re.MULTILINE
@@ -46,9 +50,20 @@ def apiserver_gates(api: AdminAPI) -> dict[str, Gate]:
     return parse_feature_metrics(api.text("/metrics"))
 
 
-def kubelet_gates(api: AdminAPI, node: str) -> dict[str, Gate]:
-    """A kubelet's gates, through the apiserver's node proxy."""
-    return parse_feature_metrics(api.text(f"/api/v1/nodes/{node}/proxy/metrics"))
+def kubelet_gates(cluster: LocalCluster, node: str) -> dict[str, Gate]:
+    """A kubelet's gates, from its own /metrics with the apiserver's kubelet-client cert.
+
+    Not through the apiserver's node proxy: that refuses loopback addresses,
+    and the local cluster's nodes all live on 127.0.0.1.
+    """
+    [layout] = [n for n in cluster.layout.all_nodes() if n.name == node]
+    pki = cluster.layout.pki
+    context = ssl.create_default_context(cafile=str(pki / "ca.crt"))
+    client = "apiserver-kubelet-client"
+    context.load_cert_chain(pki / f"{client}.crt", pki / f"{client}.key")
+    resp = httpx.get(f"https://127.0.0.1:{layout.port}/metrics", verify=context, timeout=10)
+    resp.raise_for_status()
+    return parse_feature_metrics(resp.text)
 
 
 def why_off(gates: dict[str, Gate], *names: str) -> str:

@@ -363,7 +363,7 @@ def test_the_plugin_says_once_what_this_cluster_lacks(published: NodePlugin, api
 
 @pytest.mark.compat("dra-health")
 def test_the_kubelet_watches_device_health(
-    published: NodePlugin, api: AdminAPI, matrix_notes: Recorder
+    published: NodePlugin, local_cluster: LocalCluster, matrix_notes: Recorder
 ) -> None:
     """The kubelet opens the health stream right after registration, if it has the gate on."""
 
@@ -373,7 +373,7 @@ def test_the_kubelet_watches_device_health(
     try:
         opened = wait_until("the kubelet's health stream", lambda: streams() or None, 30)
     except TimeoutError:
-        gate = why_off(kubelet_gates(api, NODE), "ResourceHealthStatus")
+        gate = why_off(kubelet_gates(local_cluster, NODE), "ResourceHealthStatus")
         pytest.skip(f"the kubelet opened no health stream: {gate or 'no gate reported off'}")
     assert len(opened) == 1, opened
     matrix_notes.note("dra-health", opened.pop().removesuffix(".DRAResourceHealth"))
