@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from devtools import matrix, paths
+from devtools.cluster.binaries import SUPPORTED_VERSIONS
 from tests.cluster.conftest import Recorder
 
 
@@ -16,6 +17,14 @@ def test_the_readme_table_is_the_recorded_results() -> None:
     assert matrix.with_table(readme, matrix.render(matrix.load())) == readme, (
         "the README's version matrix is stale: run `python -m devtools.matrix`"
     )
+
+
+def test_every_supported_release_has_recorded_results() -> None:
+    recorded = matrix.load()
+    assert sorted(recorded) == sorted(SUPPORTED_VERSIONS)
+    for version, cells in recorded.items():
+        missing = sorted(set(matrix.FEATURES) - set(cells))
+        assert not missing, f"{version}: no result for {missing} (run the compat subset on it)"
 
 
 def test_results_merge_per_feature_and_render_as_one_row_each(tmp_path: Path) -> None:
