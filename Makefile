@@ -4,7 +4,11 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: all install protos kube-binaries runtime-binaries helm manifests image lint typecheck test test-unit test-grpc test-chart test-cluster bench demo clean
+.PHONY: all install protos kube-binaries kube-binaries-all runtime-binaries helm manifests image lint typecheck test test-unit test-grpc test-chart test-cluster test-compat matrix bench demo clean
+
+# The releases the compatibility subset runs on besides the primary one
+# (devtools/cluster/binaries.py: PRIMARY_VERSION, SUPPORTED_VERSIONS).
+COMPAT_VERSIONS ?= v1.34.4 v1.35.4 v1.36.3
 
 all: install
 
@@ -19,8 +23,13 @@ install: $(STAMP) protos
 protos: $(STAMP)
 	$(BIN)/python -m dradriver.kubeletapi.generate
 
+# The primary release's binaries (kubectl included); kube-binaries-all adds
+# every other supported release, each cached in ~/.cache/dradriver/kube/.
 kube-binaries: install
 	$(BIN)/dradriver cluster build
+
+kube-binaries-all: install
+	$(BIN)/dradriver cluster build --all
 
 # containerd, runc, CNI plugins and the probe (node-1's real runtime), cached
 # like the kube binaries in ~/.cache/dradriver/runtime/.
@@ -52,11 +61,27 @@ typecheck: install
 
 # The README's test command: lint, import contracts, types, and every test tier
 # (the cluster tier with node-1 on the real runtime; DRADRIVER_RUNTIME=fake for
-# the fake one). The image is built first, with its progress on the terminal, for
+# the fake one) on the primary release, then the compatibility subset on each
+# other release, one cluster after another (they share the fixed ports). The
+# image is built first, with its progress on the terminal, for
 # tests/cluster/test_image.py and test_helm_chart.py (a cache hit when the wheel's
 # sources are unchanged); helm for tests/chart and test_helm_chart.py.
-test: lint typecheck kube-binaries runtime-binaries image helm
+test: lint typecheck kube-binaries-all runtime-binaries image helm
 	$(BIN)/pytest tests
+	$(MAKE) test-compat
+
+# The compat-marked cluster tests on each of COMPAT_VERSIONS. They record what
+# they found in tests/cluster/matrix/<version>.json; the README's table must
+# then match (`make matrix` rewrites it).
+test-compat: kube-binaries-all runtime-binaries
+	@set -e; for v in $(COMPAT_VERSIONS); do \
+		echo "== compatibility subset on Kubernetes $$v"; \
+		DRADRIVER_KUBE_VERSION=$$v $(BIN)/pytest -m compat tests/cluster; \
+	done
+	$(BIN)/python -m devtools.matrix --check
+
+matrix: install
+	$(BIN)/python -m devtools.matrix
 
 test-unit: install
 	$(BIN)/pytest tests/unit

@@ -134,7 +134,7 @@ def machine() -> str:
 def versions() -> str:
     """Python, dradriver's commit, Kubernetes, the Go reference."""
     from bench.common import GO_MODULE, go_version
-    from devtools.cluster.binaries import KUBE_VERSION
+    from devtools.cluster.binaries import resolve_version
 
     try:
         commit = subprocess.run(
@@ -147,7 +147,7 @@ def versions() -> str:
     except (OSError, subprocess.CalledProcessError):
         commit = "unknown"
     return (
-        f"dradriver {commit}, Python {platform.python_version()}, Kubernetes {KUBE_VERSION} "
+        f"dradriver {commit}, Python {platform.python_version()}, Kubernetes {resolve_version()} "
         f"(kube-scheduler, apiserver), Go reference {GO_MODULE} {go_version()}"
     )
 

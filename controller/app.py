@@ -33,6 +33,8 @@ from dradriver.httpserver import HTTPEndpoint, build_app
 from dradriver.k8s.client import KubeClient
 from dradriver.k8s.paths import RESOURCE_V1, path_for
 from dradriver.log import get_logger
+from dradriver.resourceslice import capabilities
+from dradriver.resourceslice.capabilities import say_what_this_cluster_lacks
 from dradriver.runtime import (
     Backoff,
     Controller,
@@ -323,6 +325,13 @@ class ControllerApp:
             self._leading = False
 
     async def run(self, stop: asyncio.Event) -> None:
+        await say_what_this_cluster_lacks(
+            self.client,
+            self.options.driver_name,
+            "network/capability-probe",
+            None,
+            capabilities.NETWORK_FEATURES,
+        )
         await self.serving.start(self.servers())
         for informer in self.informers:
             informer.start()

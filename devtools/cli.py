@@ -10,7 +10,15 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from devtools.cluster.binaries import BinaryError, build_dir, build_seconds, ensure_binaries
+from devtools.cluster.binaries import (
+    PRIMARY_VERSION,
+    SUPPORTED_VERSIONS,
+    VERSION_ENV,
+    BinaryError,
+    build_dir,
+    build_seconds,
+    ensure_binaries,
+)
 from devtools.cluster.config import (
     RUNTIMES,
     Layout,
@@ -42,14 +50,17 @@ def _cluster(args: argparse.Namespace) -> LocalCluster:
     gates = parse_feature_gates(args.feature_gates or "")
     # down and status take the runtime from the running cluster's state file.
     runtime = parse_runtime(getattr(args, "runtime", "fake"))
-    return LocalCluster(Layout(state_dir=args.state_dir, nodes=args.nodes, runtime=runtime), gates)
+    layout = Layout(state_dir=args.state_dir, nodes=args.nodes, runtime=runtime)
+    return LocalCluster(layout, gates, getattr(args, "kube_version", None))
 
 
 def cmd_build(args: argparse.Namespace) -> int:
-    ensure_binaries()
-    took = build_seconds()
-    note = f" (built in {took:.0f}s)" if took is not None else ""
-    print(f"{build_dir()}{note}")
+    versions = SUPPORTED_VERSIONS if args.all else [args.kube_version]
+    for version in versions:
+        bins = ensure_binaries(version)
+        took = build_seconds(bins.version)
+        note = f" (built in {took:.0f}s)" if took is not None else ""
+        print(f"{build_dir(bins.version)}{note}")
     return 0
 
 
@@ -73,9 +84,11 @@ def cmd_status(args: argparse.Namespace) -> int:
         print("no local cluster")
         return 1
     print(f"kubeconfig: {state.kubeconfig}")
+    print(f"kubernetes: {state.kube_version}")
     nodes = ", ".join(state.nodes or [state.node_name])
     print(f"nodes:      {nodes} (node-1 kubelet root {state.kubelet_root})")
-    gates = ", ".join(f"{k}={v}" for k, v in state.feature_gates.items()) or "1.36 defaults"
+    gates = ", ".join(f"{k}={v}" for k, v in state.feature_gates.items())
+    gates = gates or f"the {state.kube_version} defaults"
     print(f"gates:      {gates}")
     print(f"runtime:    node-1 {state.runtime}" + (", others fake" if len(state.nodes) > 1 else ""))
     print(f"{'COMPONENT':<26}{'PID':>8}  {'STATE':<8}{'PEAK RSS':>10}")
@@ -93,7 +106,17 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from devtools.demo.main import run_demo
 
     layout = Layout(state_dir=args.state_dir, runtime=parse_runtime(args.runtime))
-    return run_demo(layout, parse_feature_gates(args.feature_gates or ""))
+    return run_demo(layout, parse_feature_gates(args.feature_gates or ""), args.kube_version)
+
+
+def with_version_opt(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    p.add_argument(
+        "--kube-version",
+        default=None,
+        help=f"the Kubernetes release to run: one of {', '.join(SUPPORTED_VERSIONS)} or a "
+        f"minor like v1.35 (default: ${VERSION_ENV}, else {PRIMARY_VERSION})",
+    )
+    return p
 
 
 def with_cluster_opts(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -114,7 +137,7 @@ def with_cluster_opts(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
         "--feature-gates",
         default="",
         help="Kubernetes feature gates for every component, e.g. "
-        "DRADeviceTaintRules=true (default: the 1.36 defaults)",
+        "DRADeviceTaintRules=true (default: the chosen release's defaults)",
     )
     return p
 
@@ -133,16 +156,20 @@ def with_runtime_opt(p: argparse.ArgumentParser, default_runtime: str) -> argpar
 
 def register(sub: Any) -> None:
     """Add ``cluster`` and ``demo`` to the ``dradriver`` command's subparsers."""
-    cluster = sub.add_parser("cluster", help="the local Kubernetes 1.36 cluster")
+    cluster = sub.add_parser("cluster", help="the local Kubernetes cluster (1.34 to 1.37)")
     csub = cluster.add_subparsers(dest="action", required=True)
-    csub.add_parser(
-        "build", help="build (or find cached) kube binaries; print their dir"
-    ).set_defaults(func=cmd_build)
-    with_runtime_opt(
-        with_cluster_opts(
-            csub.add_parser("up", help="start the cluster; print the kubeconfig path")
-        ),
-        "fake",
+    build = with_version_opt(
+        csub.add_parser("build", help="build (or find cached) kube binaries; print their dir")
+    )
+    build.add_argument("--all", action="store_true", help="every supported release, oldest first")
+    build.set_defaults(func=cmd_build)
+    with_version_opt(
+        with_runtime_opt(
+            with_cluster_opts(
+                csub.add_parser("up", help="start the cluster; print the kubeconfig path")
+            ),
+            "fake",
+        )
     ).set_defaults(func=cmd_up)
     with_cluster_opts(csub.add_parser("down", help="stop the cluster and clean up")).set_defaults(
         func=cmd_down
@@ -151,9 +178,11 @@ def register(sub: Any) -> None:
         csub.add_parser("status", help="show components, PIDs and peak RSS")
     ).set_defaults(func=cmd_status)
     # The demo shows what containers printed, which needs real containers.
-    with_runtime_opt(
-        with_cluster_opts(
-            sub.add_parser("demo", help="start a cluster, run the example, tear down")
-        ),
-        "real",
+    with_version_opt(
+        with_runtime_opt(
+            with_cluster_opts(
+                sub.add_parser("demo", help="start a cluster, run the example, tear down")
+            ),
+            "real",
+        )
     ).set_defaults(func=cmd_demo)

@@ -23,6 +23,8 @@ from dradriver.httpserver import HTTPEndpoint, build_app
 from dradriver.k8s.client import KubeClient, load_connection
 from dradriver.log import configure, get_logger
 from dradriver.plugin.helper import KubeletPluginHelper, PluginPaths
+from dradriver.resourceslice import capabilities
+from dradriver.resourceslice.capabilities import say_what_this_cluster_lacks
 from dradriver.resourceslice.pool import SliceError
 from dradriver.resourceslice.publisher import SlicePublisher, slice_informer
 from kubeletplugin.claimstatus import ClaimStatusWriter
@@ -217,6 +219,7 @@ class Plugin:
         )
         self.helper = KubeletPluginHelper(self.driver, self.paths)
         self.helper.registration.on_registered = self.metrics.registrations.inc
+        self.helper.on_kubelet_call = self._count_kubelet_call
         self.slices = slice_informer(self.client, self.driver_name, self.node)
         self.publisher = SlicePublisher(
             self.client,
@@ -248,6 +251,9 @@ class Plugin:
             self.driver.handle_error(e, "building the node's ResourceSlices")
             return
         self.publisher.set_pool(pool)
+
+    def _count_kubelet_call(self, service: str, method: str) -> None:
+        self.metrics.kubelet_calls.labels(service, method).inc()
 
     def ready(self) -> tuple[bool, str]:
         if not self.helper.registered:
@@ -291,6 +297,9 @@ class Plugin:
             node=self.node,
             devices=len(self.inventory.devices),
             **counts,
+        )
+        await say_what_this_cluster_lacks(
+            self.client, self.driver_name, self.node, self.node, capabilities.NODE_FEATURES
         )
         http = HTTPEndpoint(
             build_app(self.ready, self.metrics.registry, "dradriver-kubeletplugin"),

@@ -39,6 +39,13 @@ class PluginMetrics:
         self.slice_writes = Counter(
             "dradriver_resourceslice_writes_total", "ResourceSlice API writes", registry=r
         )
+        self.kubelet_calls = Counter(
+            "dradriver_kubelet_calls_total",
+            "Calls the kubelet made, by service (e.g. v1.DRAPlugin, v1alpha1.DRAResourceHealth) "
+            "and method: which API versions this node's kubelet uses",
+            ["service", "method"],
+            registry=r,
+        )
         self.registrations = Counter(
             "dradriver_kubelet_registrations_total", "Successful kubelet registrations", registry=r
         )

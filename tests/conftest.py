@@ -67,6 +67,7 @@ def local_cluster() -> Iterator[LocalCluster]:
         nodes=int(os.environ.get("DRADRIVER_NODES", "2")),
         runtime=parse_runtime(os.environ.get("DRADRIVER_RUNTIME", "real")),
     )
+    # The release: DRADRIVER_KUBE_VERSION, else the primary one (binaries.resolve_version).
     with running_cluster(layout, gates) as (cluster, _, _):
         yield cluster
 

@@ -47,6 +47,13 @@ class AdminAPI(SyncKubeClient):
             timeout,
         )
 
+    def text(self, path: str) -> str:
+        """A plain-text answer (``/metrics``, a node's proxied ``/metrics``)."""
+        resp = self._http.get(path, headers=self._headers())
+        if resp.status_code >= 300:
+            raise KubeAPIError("GET", path, resp.status_code, {"message": resp.text[:500]})
+        return resp.text
+
     def pod_log(
         self, namespace: str, pod: str, container: str | None = None, previous: bool = False
     ) -> str:

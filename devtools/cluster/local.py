@@ -38,7 +38,7 @@ import httpx
 
 from devtools.cluster import containerd, images, pki, runtimebin
 from devtools.cluster.api import AdminAPI
-from devtools.cluster.binaries import KubeBinaries, ensure_binaries
+from devtools.cluster.binaries import KubeBinaries, ensure_binaries, resolve_version
 from devtools.cluster.config import (
     NODE_IP,
     SERVICE_CIDR,
@@ -99,6 +99,9 @@ class ClusterState:
     cgroups_before: dict[str, list[str]] = field(default_factory=dict)
     # Whether `up` created /var/lib/cni (libcni's cache), so `down` removes it.
     created_cni_cache: bool = False
+    # The Kubernetes release the components run; state files from before the
+    # version matrix ran the only one there was.
+    kube_version: str = "v1.36.3"
 
     @classmethod
     def load(cls, path: Path) -> ClusterState | None:
@@ -160,9 +163,16 @@ def unmount_all(root: Path) -> None:
 
 
 class LocalCluster:
-    def __init__(self, layout: Layout, feature_gates: dict[str, bool] | None = None) -> None:
+    def __init__(
+        self,
+        layout: Layout,
+        feature_gates: dict[str, bool] | None = None,
+        kube_version: str | None = None,
+    ) -> None:
         self.layout = layout
         self.feature_gates = dict(feature_gates or {})
+        # Resolved now, so a bad choice fails before anything starts.
+        self.kube_version = resolve_version(kube_version)
 
     # ----- public operations -------------------------------------------------
 
@@ -187,7 +197,7 @@ class LocalCluster:
             log.info("cleaning up after a cluster that is no longer running")
             self.down()
         self._check_ports()
-        binaries = binaries or ensure_binaries()
+        binaries = binaries or ensure_binaries(self.kube_version)
         runtime = self._runtime_binaries()
         self._check_kubelet_root()
         started = time.monotonic()
@@ -198,6 +208,7 @@ class LocalCluster:
             feature_gates=self.feature_gates,
             nodes=[n.name for n in self.layout.all_nodes()],
             runtime=self.layout.runtime,
+            kube_version=binaries.version,
         )
         try:
             self._start(binaries, runtime, state, started)
@@ -731,15 +742,21 @@ def node_ready(api: AdminAPI, node: str) -> bool:
 def running_cluster(
     layout: Layout,
     feature_gates: dict[str, bool] | None = None,
+    kube_version: str | None = None,
 ) -> Iterator[tuple[LocalCluster, ClusterState, bool]]:
     """Use a healthy running cluster if there is one, else start one and stop it after.
 
     Yields the cluster, its state, and whether this call started it.
     """
-    cluster = LocalCluster(layout, feature_gates)
+    cluster = LocalCluster(layout, feature_gates, kube_version)
     state = cluster.running()
     if state is not None:
         running_nodes = len(state.nodes) or 1
+        if state.kube_version != cluster.kube_version:
+            raise AlreadyRunning(
+                f"a local cluster runs Kubernetes {state.kube_version}, "
+                f"{cluster.kube_version} is needed; stop it first (`dradriver cluster down`)"
+            )
         if state.runtime != layout.runtime:
             raise AlreadyRunning(
                 f"a local cluster runs with the {state.runtime} runtime, the "
@@ -755,7 +772,9 @@ def running_cluster(
                 f"a local cluster runs with {running_nodes} node(s), {layout.nodes} are needed; "
                 "stop it first (`dradriver cluster down`)"
             )
-        reused = LocalCluster(dataclasses.replace(layout, nodes=running_nodes), feature_gates)
+        reused = LocalCluster(
+            dataclasses.replace(layout, nodes=running_nodes), feature_gates, cluster.kube_version
+        )
         yield reused, state, False
         return
     state = cluster.up()

@@ -90,10 +90,18 @@ def _one_device_spec() -> Obj:
     return {"devices": {"requests": [{"name": "dev", "exactly": {"deviceClassName": DRIVER}}]}}
 
 
-def run_demo(layout: Layout, gates: dict[str, bool], timeout: float = 120) -> int:
+def run_demo(
+    layout: Layout,
+    gates: dict[str, bool],
+    kube_version: str | None = None,
+    timeout: float = 120,
+) -> int:
     timeline = Timeline()
-    print("dradriver demo: the DRA driver on a real Kubernetes 1.36 cluster", flush=True)
-    with running_cluster(layout, gates) as (cluster, state, started):
+    with running_cluster(layout, gates, kube_version) as (cluster, state, started):
+        print(
+            f"dradriver demo: the DRA driver on a real Kubernetes {state.kube_version} cluster",
+            flush=True,
+        )
         how = "started" if started else "reused the running"
         timeline.say(f"{how} cluster: node {state.node_name} Ready")
         work = Path(tempfile.mkdtemp(prefix="dradriver-demo-"))

@@ -24,6 +24,7 @@ from dradriver.plugin.services import (
     HEALTH_RESEND_SECONDS,
     DRAService,
     HealthService,
+    KubeletCallHook,
     RegistrationService,
     add_dra_services,
     add_registration_service,
@@ -78,6 +79,8 @@ class KubeletPluginHelper:
         self._health: list[HealthService] = []
         self._watchdog: asyncio.Task[None] | None = None
         self._watchdog_interval = watchdog_interval
+        # Set before start(): told (service, method) of every DRA/health call.
+        self.on_kubelet_call: KubeletCallHook | None = None
 
     @property
     def registered(self) -> bool:
@@ -88,7 +91,7 @@ class KubeletPluginHelper:
         self.paths.registry_dir.mkdir(parents=True, exist_ok=True, mode=0o755)
         self._dra_server = grpc.aio.server()
         self.dra_services, self._health = add_dra_services(
-            self._dra_server, self.driver, self._health_resend
+            self._dra_server, self.driver, self._health_resend, self.on_kubelet_call
         )
         await serve_unix(self._dra_server, self.paths.dra_socket)
         log.info("serving DRA", socket=str(self.paths.dra_socket))

@@ -17,6 +17,7 @@ from typing import Any
 import grpc
 
 from dradriver.kubeletapi import (
+    DRA_HEALTH_V1_IDENTIFIER,
     DRA_HEALTH_V1ALPHA1_IDENTIFIER,
     DRA_V1_IDENTIFIER,
     DRA_V1BETA1_IDENTIFIER,
@@ -45,10 +46,21 @@ from dradriver.plugin.interface import (
 
 log = get_logger("plugin.grpc")
 
-SUPPORTED_VERSIONS = [DRA_V1_IDENTIFIER, DRA_V1BETA1_IDENTIFIER, DRA_HEALTH_V1ALPHA1_IDENTIFIER]
+# A kubelet takes the first DRA service of this list it knows; a 1.37+ kubelet
+# takes the newest health service listed (1.34-1.36 know only v1alpha1 and
+# ignore the unknown v1 entry).
+SUPPORTED_VERSIONS = [
+    DRA_V1_IDENTIFIER,
+    DRA_V1BETA1_IDENTIFIER,
+    DRA_HEALTH_V1_IDENTIFIER,
+    DRA_HEALTH_V1ALPHA1_IDENTIFIER,
+]
 # The kubelet marks a device Unknown when it is not re-reported within this time.
 HEALTH_TIMEOUT_SECONDS = 30
 HEALTH_RESEND_SECONDS = HEALTH_TIMEOUT_SECONDS / 3
+# Told (service identifier, method) for every call the kubelet makes: which API
+# versions a kubelet really uses is found this way, not assumed from its release.
+KubeletCallHook = Callable[[str, str], None]
 
 
 class RegistrationService(pluginregistration_v1_pb2_grpc.RegistrationServicer):  # type: ignore[misc]
@@ -118,10 +130,19 @@ def _claim_refs(request: Any) -> tuple[list[ClaimRef], dict[str, str]]:
 class DRAService:
     """NodePrepareResources / NodeUnprepareResources for one API version."""
 
-    def __init__(self, driver: DRADriver, pb2: ModuleType, with_share_id: bool) -> None:
+    def __init__(
+        self,
+        driver: DRADriver,
+        pb2: ModuleType,
+        with_share_id: bool,
+        identifier: str = "",
+        on_kubelet_call: KubeletCallHook | None = None,
+    ) -> None:
         self._driver = driver
         self._pb2 = pb2
         self._with_share_id = with_share_id
+        self.identifier = identifier
+        self._on_kubelet_call = on_kubelet_call
         self.on_call: Callable[[str, float, bool], None] | None = None
 
     def _device(self, dev: Any) -> Any:
@@ -136,6 +157,8 @@ class DRAService:
         return self._pb2.Device(**fields)
 
     def _observe(self, method: str, started: float, failed: bool) -> None:
+        if self._on_kubelet_call is not None:
+            self._on_kubelet_call(self.identifier, method)
         if self.on_call is not None:
             self.on_call(method, time.monotonic() - started, failed)
 
@@ -180,8 +203,16 @@ class HealthService:
     so devices do not turn Unknown.
     """
 
-    def __init__(self, pb2: ModuleType, resend_interval: float = HEALTH_RESEND_SECONDS) -> None:
+    def __init__(
+        self,
+        pb2: ModuleType,
+        resend_interval: float = HEALTH_RESEND_SECONDS,
+        identifier: str = "",
+        on_kubelet_call: KubeletCallHook | None = None,
+    ) -> None:
         self._pb2 = pb2
+        self.identifier = identifier
+        self._on_kubelet_call = on_kubelet_call
         self._resend_interval = resend_interval
         self._snapshot: list[DeviceHealth] = []
         self._changed = asyncio.Condition()
@@ -220,6 +251,8 @@ class HealthService:
     async def NodeWatchResources(
         self, request: Any, context: grpc.aio.ServicerContext[Any, Any]
     ) -> AsyncIterator[Any]:
+        if self._on_kubelet_call is not None:
+            self._on_kubelet_call(self.identifier, "NodeWatchResources")
         yield self._response()
         while not self._closing:
             async with self._changed:
@@ -231,14 +264,21 @@ class HealthService:
 
 
 def add_dra_services(
-    server: grpc.aio.Server, driver: DRADriver, health_resend: float = HEALTH_RESEND_SECONDS
+    server: grpc.aio.Server,
+    driver: DRADriver,
+    health_resend: float = HEALTH_RESEND_SECONDS,
+    on_kubelet_call: KubeletCallHook | None = None,
 ) -> tuple[list[DRAService], list[HealthService]]:
-    dra = [DRAService(driver, dra_v1_pb2, True), DRAService(driver, dra_v1beta1_pb2, False)]
+    hook = on_kubelet_call
+    dra = [
+        DRAService(driver, dra_v1_pb2, True, DRA_V1_IDENTIFIER, hook),
+        DRAService(driver, dra_v1beta1_pb2, False, DRA_V1BETA1_IDENTIFIER, hook),
+    ]
     dra_v1_pb2_grpc.add_DRAPluginServicer_to_server(dra[0], server)
     dra_v1beta1_pb2_grpc.add_DRAPluginServicer_to_server(dra[1], server)
     health = [
-        HealthService(drahealth_v1alpha1_pb2, health_resend),
-        HealthService(drahealth_v1_pb2, health_resend),
+        HealthService(drahealth_v1alpha1_pb2, health_resend, DRA_HEALTH_V1ALPHA1_IDENTIFIER, hook),
+        HealthService(drahealth_v1_pb2, health_resend, DRA_HEALTH_V1_IDENTIFIER, hook),
     ]
     drahealth_v1alpha1_pb2_grpc.add_DRAResourceHealthServicer_to_server(health[0], server)
     drahealth_v1_pb2_grpc.add_DRAResourceHealthServicer_to_server(health[1], server)

@@ -1,11 +1,15 @@
-"""The local cluster runs real Kubernetes 1.36 and its DRA path is live."""
+"""The local cluster runs the real Kubernetes release it was asked for, and its DRA path is live."""
 
 from __future__ import annotations
+
+import json
+import subprocess
 
 import pytest
 
 from devtools.cluster.api import AdminAPI
 from devtools.cluster.apply import FIELD_MANAGER, apply
+from devtools.cluster.binaries import ensure_binaries
 from devtools.cluster.config import NODE_NAME
 from devtools.cluster.local import AlreadyRunning, LocalCluster
 from devtools.cluster.wait import wait_until
@@ -35,10 +39,31 @@ def test_components_are_real_and_running(local_cluster: LocalCluster) -> None:
     assert all(c.alive() for c in state.components)
 
 
-def test_server_is_kubernetes_1_36(api: AdminAPI) -> None:
+def test_server_is_the_release_asked_for(api: AdminAPI, local_cluster: LocalCluster) -> None:
     version = api.get("/version")
     assert version["major"] == "1"
-    assert version["gitVersion"].startswith("v1.36.")
+    assert version["gitVersion"] == local_cluster.kube_version
+    kubelet = api.get(path_for("v1", "nodes", name=NODE_NAME))["status"]["nodeInfo"]
+    assert kubelet["kubeletVersion"] == local_cluster.kube_version
+
+
+def test_kubectl_of_the_same_release_reaches_the_cluster(local_cluster: LocalCluster) -> None:
+    kubectl = ensure_binaries(local_cluster.kube_version)["kubectl"]
+    out = subprocess.run(
+        [
+            str(kubectl),
+            f"--kubeconfig={local_cluster.layout.admin_kubeconfig}",
+            "version",
+            "-o=json",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    ).stdout
+    versions = json.loads(out)
+    assert versions["clientVersion"]["gitVersion"] == local_cluster.kube_version
+    assert versions["serverVersion"]["gitVersion"] == local_cluster.kube_version
 
 
 def test_node_is_ready(api: AdminAPI) -> None:

@@ -17,6 +17,7 @@ import yaml
 
 from controller.claims.allocation import ALLOCATION_ANNOTATION
 from devtools.cluster.api import AdminAPI
+from devtools.cluster.gates import apiserver_gates, why_off
 from devtools.cluster.local import LocalCluster
 from devtools.cluster.wait import wait_until
 from devtools.harness.controller import ControllerProcess, namespaced_controller
@@ -268,12 +269,19 @@ def test_pool_is_published_as_slices_spanning_nodes(
         fabric.delete_pool()
 
 
+@pytest.mark.compat("network")
 def test_pod_waits_until_attached_then_runs_on_the_chosen_node(
     api: AdminAPI,
     namespace: str,
     controller: ControllerProcess,
     plugins: dict[str, NodePlugin],
 ) -> None:
+    # Without binding conditions the scheduler cannot hold the pod until the attach.
+    off = why_off(
+        apiserver_gates(api), "DRADeviceBindingConditions", "DRAResourceClaimDeviceStatus"
+    )
+    if off:
+        pytest.skip(f"needs binding conditions: {off}")
     with Fabric(api, namespace) as fabric:
         wait_until("network slice published", fabric.slices, DEADLINE)
         fabric.claim_template()

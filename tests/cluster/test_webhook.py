@@ -246,6 +246,7 @@ def test_valid_parameters_are_admitted(api: AdminAPI, webhook: Webhook) -> None:
     assert str(info.value.body.get("message")).startswith(DENIED + "spec.selectors[0]: ")
 
 
+@pytest.mark.compat("webhook")
 def test_claim_with_bad_opaque_config_is_denied(api: AdminAPI, webhook: Webhook) -> None:
     path = path_for(RESOURCE_V1, "resourceclaims", webhook.namespace)
     bad_kind = claim(webhook.namespace, "bad-kind", {"apiVersion": API_VERSION, "kind": "Gpu"})
@@ -276,6 +277,7 @@ def test_claim_with_bad_opaque_config_is_denied(api: AdminAPI, webhook: Webhook)
     )
 
 
+@pytest.mark.compat("webhook")
 def test_valid_claims_are_admitted(api: AdminAPI, webhook: Webhook) -> None:
     path = path_for(RESOURCE_V1, "resourceclaims", webhook.namespace)
     for name, opaque in [

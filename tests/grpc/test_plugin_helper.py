@@ -337,3 +337,38 @@ def test_a_dead_socket_is_replaced(sock_dir: Path) -> None:
         assert helper.paths.dra_socket.is_socket()
 
     run(body, sock_dir)
+
+
+def test_every_kubelet_call_is_reported_with_the_service_version_it_used(sock_dir: Path) -> None:
+    """The version matrix reads which DRA and health versions a kubelet really calls from this."""
+    calls: list[tuple[str, str]] = []
+
+    async def main() -> None:
+        helper = KubeletPluginHelper(RecordingDriver(), PluginPaths(sock_dir, DRIVER))
+        helper.on_kubelet_call = lambda service, method: calls.append((service, method))
+        await helper.start()
+        try:
+            target = f"unix://{helper.paths.dra_socket}"
+            async with grpc.aio.insecure_channel(target) as ch:
+                claim = dra_v1beta1_pb2.Claim(namespace="ns", uid="u-1", name="c")
+                await dra_v1beta1_pb2_grpc.DRAPluginStub(ch).NodePrepareResources(
+                    dra_v1beta1_pb2.NodePrepareResourcesRequest(claims=[claim]), timeout=5
+                )
+                v1 = dra_v1_pb2.Claim(namespace="ns", uid="u-1", name="c")
+                await dra_v1_pb2_grpc.DRAPluginStub(ch).NodeUnprepareResources(
+                    dra_v1_pb2.NodeUnprepareResourcesRequest(claims=[v1]), timeout=5
+                )
+                stream = drahealth_v1_pb2_grpc.DRAResourceHealthStub(ch).NodeWatchResources(
+                    drahealth_v1_pb2.NodeWatchResourcesRequest()
+                )
+                await stream.read()
+                stream.cancel()
+        finally:
+            await helper.stop()
+
+    asyncio.run(main())
+    assert calls == [
+        ("v1beta1.DRAPlugin", "NodePrepareResources"),
+        ("v1.DRAPlugin", "NodeUnprepareResources"),
+        ("v1.DRAResourceHealth", "NodeWatchResources"),
+    ]

@@ -230,10 +230,11 @@ def test_source_key_follows_the_go_module(tmp_path: Path) -> None:
     (tmp_path / "go.mod").write_text("module a\n")
     (tmp_path / "go.sum").write_text("")
     (tmp_path / "cmd" / "x" / "main.go").write_text("package main\n")
-    before = binaries.source_key(tmp_path)
-    assert binaries.source_key(tmp_path) == before
+    cmd = tmp_path / "cmd"
+    before = binaries.source_key(tmp_path, "v1.37.2", cmd)
+    assert binaries.source_key(tmp_path, "v1.37.2", cmd) == before
     (tmp_path / "go.mod").write_text("module a\nrequire b v1\n")
-    assert binaries.source_key(tmp_path) != before
+    assert binaries.source_key(tmp_path, "v1.37.2", cmd) != before
 
 
 def test_extra_nodes_get_their_own_root_ports_and_device_plugin_dir(tmp_path: Path) -> None:

@@ -60,6 +60,7 @@ LOGGER_NAMES = {
 }
 
 METRIC_NAMES = {
+    "dradriver_kubelet_calls_total",
     "dradriver_deviceplugin_allocation_errors_total",
     "dradriver_deviceplugin_allocations_total",
     "dradriver_deviceplugin_conflicts_total",
