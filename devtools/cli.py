@@ -28,6 +28,7 @@ from devtools.cluster.config import (
 )
 from devtools.cluster.containerd import ContainerdError
 from devtools.cluster.cri import CRIError
+from devtools.cluster.helmbin import cached_helm
 from devtools.cluster.images import ImageError
 from devtools.cluster.local import ClusterError, LocalCluster
 from devtools.cluster.process import ProcessDied
@@ -68,8 +69,21 @@ def cmd_up(args: argparse.Namespace) -> int:
     state = _cluster(args).up()
     timings = ", ".join(f"{k} {v:.1f}s" for k, v in state.timings.items())
     print(f"cluster up ({timings})", file=sys.stderr)
+    for line in usage_hints(state.kubeconfig, build_dir(state.kube_version), cached_helm()):
+        print(line, file=sys.stderr)
     print(state.kubeconfig)
     return 0
+
+
+def usage_hints(kubeconfig: str, kube_bin: Path, helm: Path | None) -> list[str]:
+    """How to reach the new cluster with the kubectl and helm this repository builds."""
+    helm_how = str(helm) if helm else "$(make -s helm)"
+    return [
+        f"kubectl: KUBECONFIG={kubeconfig} {kube_bin / 'kubectl'} get nodes",
+        f"helm:    KUBECONFIG={kubeconfig} {helm_how} list -A"
+        + ("" if helm else "   (`make -s helm` builds helm v3 and prints its path)"),
+        "install dradriver on it: README, 'On the local cluster'",
+    ]
 
 
 def cmd_down(args: argparse.Namespace) -> int:
