@@ -782,32 +782,16 @@ class Ledger:
         repeated call), ``preparing`` means set the devices up, then call
         :meth:`complete_prepare`.
         """
-        try:
-            entry = ClaimEntry(
-                uid=uid,
-                namespace=namespace,
-                name=name,
-                state="preparing",
-                devices=list(devices),
-                config_digest=config_digest,
-            )
-        except ValidationError as err:
-            raise LedgerValueError(f"invalid claim {namespace}/{name} (uid {uid}): {err}") from err
-        with self._lock():
-            existing = self._state.claims.get(uid)
-            if existing is not None:
-                self._check_same_claim(existing, entry)
-                if existing.state != "unpreparing" and existing.config_digest == config_digest:
-                    return existing.model_copy(deep=True)
-            self._refuse_busy(entry)
-            self._put_claim(uid, entry)
-            log.info(
-                "claim preparing",
-                claim=f"{namespace}/{name}",
-                uid=uid,
-                devices=",".join(str(d.ref) for d in entry.devices),
-            )
-            return entry.model_copy(deep=True)
+        return self._enter_claim(
+            uid,
+            namespace,
+            name,
+            devices,
+            config_digest,
+            "preparing",
+            # A repeated call finds nothing to do unless an unprepare is in progress.
+            reusable=lambda existing: existing.state != "unpreparing",
+        )
 
     def record_prepared(
         self,
@@ -823,12 +807,34 @@ class Ledger:
         be on disk before this entry, never the other way round (see the invariants). A
         repeated call with the same devices and config returns the entry it finds.
         """
+        return self._enter_claim(
+            uid,
+            namespace,
+            name,
+            devices,
+            config_digest,
+            "prepared",
+            reusable=lambda existing: existing.state == "prepared",
+        )
+
+    def _enter_claim(
+        self,
+        uid: str,
+        namespace: str,
+        name: str,
+        devices: Sequence[ClaimDevice],
+        config_digest: str,
+        state: Literal["preparing", "prepared"],
+        reusable: Callable[[ClaimEntry], bool],
+    ) -> ClaimEntry:
+        """Put a claim's entry in ``state``, or return the one found if it is ``reusable``
+        with the same config; refuse a device someone else holds."""
         try:
             entry = ClaimEntry(
                 uid=uid,
                 namespace=namespace,
                 name=name,
-                state="prepared",
+                state=state,
                 devices=list(devices),
                 config_digest=config_digest,
             )
@@ -838,12 +844,12 @@ class Ledger:
             existing = self._state.claims.get(uid)
             if existing is not None:
                 self._check_same_claim(existing, entry)
-                if existing.state == "prepared" and existing.config_digest == config_digest:
+                if reusable(existing) and existing.config_digest == config_digest:
                     return existing.model_copy(deep=True)
             self._refuse_busy(entry)
             self._put_claim(uid, entry)
             log.info(
-                "claim prepared",
+                f"claim {state}",
                 claim=f"{namespace}/{name}",
                 uid=uid,
                 devices=",".join(str(d.ref) for d in entry.devices),
