@@ -33,6 +33,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from devtools import paths
+from devtools.cluster.gomodule import hash_go_sources
 from devtools.cluster.runtimebin import cache_root
 from dradriver.log import configure, get_logger
 
@@ -88,14 +89,7 @@ def source_key(source: Path | None = None) -> str:
     source = source or source_dir()
     flags = ldflags(pinned_version(source), client_go_minor(source))
     digest = hashlib.sha256(f"{PACKAGE}\0{flags}\n".encode())
-    files = sorted(
-        p
-        for p in source.rglob("*")
-        if p.is_file() and (p.name in ("go.mod", "go.sum") or p.suffix == ".go")
-    )
-    for path in files:
-        digest.update(str(path.relative_to(source)).encode() + b"\0")
-        digest.update(path.read_bytes())
+    hash_go_sources(digest, source)
     return digest.hexdigest()[:16]
 
 

@@ -37,6 +37,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from devtools.cluster.gomodule import hash_go_sources
 from devtools.cluster.progress import Progress, count_go_packages, run_go_build
 from dradriver.log import configure, get_logger
 
@@ -173,14 +174,7 @@ def source_key(source: Path | None = None) -> str:
     for c in COMPONENTS:
         settings = [c.name, c.module, *c.packages, str(c.cgo), *c.tags, _ldflags(c, versions)]
         digest.update("\0".join(settings).encode() + b"\n")
-    files = sorted(
-        p
-        for p in source.rglob("*")
-        if p.is_file() and (p.name in ("go.mod", "go.sum") or p.suffix == ".go")
-    )
-    for path in files:
-        digest.update(str(path.relative_to(source)).encode() + b"\0")
-        digest.update(path.read_bytes())
+    hash_go_sources(digest, source)
     return digest.hexdigest()[:16]
 
 
