@@ -124,6 +124,37 @@ def is_package_line(line: str) -> bool:
     return bool(text) and not text.startswith("#") and " " not in text and ":" not in text
 
 
+def run_logged(
+    cmd: Sequence[str],
+    *,
+    cwd: Path | None,
+    env: dict[str, str] | None,
+    log: IO[str],
+    on_line: Callable[[str], None] | None = None,
+) -> int:
+    """Run ``cmd`` with stdout and stderr copied line by line to ``log``; the exit code.
+
+    ``on_line`` sees each line as it arrives, which is what lets a caller show progress.
+    """
+    with subprocess.Popen(
+        list(cmd),
+        cwd=cwd,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    ) as proc:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            log.write(line)
+            if on_line is not None:
+                on_line(line)
+        code = proc.wait()
+    log.flush()
+    return code
+
+
 def run_go_build(
     cmd: Sequence[str],
     *,
@@ -137,22 +168,12 @@ def run_go_build(
     Each compiled package that ``-v`` names advances ``progress``.
     """
     progress.start()
-    with subprocess.Popen(
-        list(cmd),
-        cwd=cwd,
-        env=env,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    ) as proc:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            log.write(line)
-            if is_package_line(line):
-                progress.advance(detail=line.strip())
-        code = proc.wait()
-    log.flush()
+
+    def on_line(line: str) -> None:
+        if is_package_line(line):
+            progress.advance(detail=line.strip())
+
+    code = run_logged(cmd, cwd=cwd, env=env, log=log, on_line=on_line)
     progress.detail = ""
     if code == 0:
         cached = progress.total is not None and progress.done < progress.total

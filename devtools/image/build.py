@@ -28,7 +28,6 @@ import importlib.metadata
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -39,7 +38,7 @@ from pathlib import Path
 
 from devtools import paths
 from devtools.cluster.images import ImageError, go_arch, images_dir
-from devtools.cluster.progress import Progress
+from devtools.cluster.progress import Progress, run_logged
 from devtools.image import recipe
 from devtools.image.ociarchive import ContainerConfig, write_archive, write_directory_layer
 
@@ -153,21 +152,7 @@ def _run(
     with open(log, "a") as out:
         out.write("$ " + " ".join(cmd) + "\n")
         out.flush()
-        with subprocess.Popen(
-            list(cmd),
-            cwd=cwd,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        ) as proc:
-            assert proc.stdout is not None
-            for line in proc.stdout:
-                out.write(line)
-                if on_line is not None:
-                    on_line(line)
-            code = proc.wait()
+        code = run_logged(cmd, cwd=cwd, env=env, log=out, on_line=on_line)
     if code != 0:
         tail = "\n".join(log.read_text().splitlines()[-25:])
         raise ImageError(f"{what} failed (exit {code}); the end of {log}:\n{tail}")
