@@ -70,6 +70,10 @@ Node state, devices and the kubelet::
     ├── deviceplugin.server: DevicePluginError       the device-plugin framework
     └── allocator.core: AllocationError              claims the allocator cannot take
 
+    OSError
+    └── k8s.http: TransportError                     a request to the apiserver got no answer
+        └── TransportTimeout                         (also a TimeoutError) none in time
+
     RuntimeError
     ├── k8s.errors: KubeAPIError                     an apiserver answer that is not 2xx
     ├── devices.static: MockDeviceError              mock device nodes cannot be made

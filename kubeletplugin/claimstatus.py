@@ -26,8 +26,6 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-import httpx
-
 from dradriver.api import networkpool as net
 from dradriver.k8s.client import KubeClient
 from dradriver.k8s.errors import KubeAPIError, is_conflict, is_not_found
@@ -262,7 +260,7 @@ class ClaimStatusWriter:
             level = log.debug if is_conflict(e) else log.warning
             level("claim status not written; retrying", claim=str(claim), status=e.status)
             return False
-        except (httpx.HTTPError, OSError, TimeoutError) as e:
+        except OSError as e:  # TransportError and TimeoutError are OSErrors
             log.warning(
                 "claim status not written; retrying",
                 claim=str(claim),

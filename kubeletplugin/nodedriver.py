@@ -21,8 +21,6 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-import httpx
-
 from dradriver.api import networkpool as net
 from dradriver.api import pinnedparameters as pins
 from dradriver.api.opaqueconfig import DeviceConfigError, EffectiveConfig, effective_configs
@@ -244,7 +242,7 @@ class NodeDriver:
                 obj = await self.client.get_or_none(
                     path_for(RESOURCE_V1, "resourceclaims", claim.namespace, claim.name)
                 )
-        except (KubeAPIError, httpx.HTTPError, OSError) as e:  # OSError: timeouts too
+        except (KubeAPIError, OSError) as e:  # TransportError and timeouts are OSErrors
             raise ClaimUnreadable(
                 f"cannot read ResourceClaim {claim}: {e or type(e).__name__}"
             ) from e

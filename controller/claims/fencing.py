@@ -6,8 +6,6 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
-import httpx
-
 from controller.claims import fences
 from controller.claims.allocation import claim_path
 from controller.claims.holdings import Holdings
@@ -17,6 +15,7 @@ from controller.leadership import NotLeader, require_leader
 from dradriver.allocator import DeviceID
 from dradriver.k8s.client import KubeClient
 from dradriver.k8s.errors import KubeAPIError, is_conflict, is_not_found
+from dradriver.k8s.http import TransportError
 from dradriver.k8s.objects import Obj, annotations_of, now_rfc3339, revision
 from dradriver.k8s.paths import RESOURCE_V1, path_for
 from dradriver.log import get_logger
@@ -111,7 +110,7 @@ class Fencing:
                 continue
             try:
                 outcome["/".join(device)] = await self.reconcile(fk)
-            except (KubeAPIError, httpx.HTTPError, NotLeader, RequeueAfter) as e:
+            except (KubeAPIError, TransportError, NotLeader, RequeueAfter) as e:
                 outcome["/".join(device)] = f"failed, will retry: {e}"
         log.info("fence check after removal", claim=key, removed_at=at, devices=outcome)
 

@@ -1,9 +1,12 @@
-"""The Kubernetes REST client over httpx that keeps every field: asyncio and a sync twin.
+"""The Kubernetes REST client that keeps every field: asyncio and a sync twin.
 
-:class:`KubeClient` (asyncio) serves the components; :class:`SyncKubeClient` serves
-synchronous callers (dev tooling, tests, benchmarks). Both are built on one
-:class:`Connection` and share the request encoding, the response decoding and the
-error type, so a request means the same thing whichever client sends it.
+:class:`KubeClient` (asyncio, over :mod:`dradriver.k8s.http`) serves the components;
+:class:`SyncKubeClient` (over httpx, imported only when one is made) serves synchronous
+callers (dev tooling, tests, benchmarks). Both are built on one :class:`Connection` and
+share the request encoding, the response decoding and the error type, so a request means
+the same thing whichever client sends it. A request without an answer raises
+:class:`~dradriver.k8s.http.TransportError` from KubeClient, httpx's errors from
+SyncKubeClient.
 """
 
 from __future__ import annotations
@@ -16,15 +19,18 @@ import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Self
-
-import httpx
+from typing import TYPE_CHECKING, Any, Self
+from urllib.parse import quote, urlencode
 
 from dradriver.k8s.errors import KubeAPIError
+from dradriver.k8s.http import ConnectionPool
 from dradriver.k8s.jsondecode import decode_list, decode_watch_event
 from dradriver.k8s.kubeconfig import read_static_kubeconfig
 from dradriver.k8s.objects import Obj
 from dradriver.log import get_logger
+
+if TYPE_CHECKING:
+    import httpx
 
 log = get_logger("kube")
 SA_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
@@ -137,8 +143,9 @@ def connection_from_files(server: str, ca: Path, cert: Path, key: Path) -> Conne
 JSON = "application/json"
 MERGE_PATCH = "application/merge-patch+json"
 APPLY_PATCH = "application/apply-patch+yaml"
+CONNECT_SECONDS = 30.0
 # Reads may be watches, which the server holds open for up to timeoutSeconds (300).
-TIMEOUT = httpx.Timeout(30, read=330)
+READ_SECONDS = 330.0
 
 
 def _apply_params(field_manager: str, force: bool) -> dict[str, Any]:
@@ -155,10 +162,12 @@ class _Codec:
         self.write_count = 0
 
     def _http_options(self) -> dict[str, Any]:
+        import httpx
+
         options: dict[str, Any] = {
             "base_url": self._conn.server,
             "verify": self._conn.tls,
-            "timeout": TIMEOUT,
+            "timeout": httpx.Timeout(CONNECT_SECONDS, read=READ_SECONDS),
             "headers": {"User-Agent": self._user_agent},
         }
         if self._max_connections is not None:
@@ -200,7 +209,8 @@ class _Codec:
     def _decode(
         method: str,
         path: str,
-        resp: httpx.Response,
+        status: int,
+        content: bytes,
         started: float,
         decode: Callable[[bytes], Obj] | None = None,
     ) -> Obj:
@@ -211,18 +221,26 @@ class _Codec:
             "api request",
             method=method,
             path=path,
-            status=resp.status_code,
+            status=status,
             ms=round((time.monotonic() - started) * 1000, 1),
         )
         try:
-            data: Obj = resp.json() if decode is None else decode(resp.content)
+            data: Obj = json.loads(content) if decode is None else decode(content)
         except ValueError:
-            if decode is not None and resp.status_code < 300:
+            if decode is not None and status < 300:
                 raise
-            data = {"message": resp.text}
-        if resp.status_code >= 300:
-            raise KubeAPIError(method, path, resp.status_code, data)
+            data = {"message": content.decode("utf-8", errors="replace")}
+        if status >= 300:
+            raise KubeAPIError(method, path, status, data)
         return data
+
+
+def _target(path: str, params: dict[str, Any] | None) -> str:
+    """``path`` with ``params`` as its query, encoded as httpx encodes them."""
+    if not params:
+        return path
+    query = urlencode({k: str(v) for k, v in params.items()}, quote_via=quote)
+    return f"{path}{'&' if '?' in path else '?'}{query}"
 
 
 class KubeClient(_Codec):
@@ -235,10 +253,22 @@ class KubeClient(_Codec):
         self, conn: Connection, user_agent: str = "dradriver", max_connections: int | None = None
     ) -> None:
         super().__init__(conn, user_agent, max_connections)
-        self._http = httpx.AsyncClient(**self._http_options())
+        # All of them kept open when idle: the next burst of requests finds them open (no
+        # TLS handshakes), and more requests than connections wait for one.
+        self._pool = ConnectionPool(
+            conn.server,
+            conn.tls,
+            max_connections=max_connections or 100,
+            connect_timeout=CONNECT_SECONDS,
+            read_timeout=READ_SECONDS,
+        )
+        self._fixed_headers = {"Accept": "*/*", "User-Agent": user_agent}
 
     async def aclose(self) -> None:
-        await self._http.aclose()
+        await self._pool.aclose()
+
+    def _request_headers(self, extra: dict[str, str]) -> dict[str, str]:
+        return {**self._fixed_headers, **extra}
 
     async def request(
         self,
@@ -252,10 +282,13 @@ class KubeClient(_Codec):
     ) -> Obj:
         headers, content = self._encode(method, body, content_type, accept)
         started = time.monotonic()
-        resp = await self._http.request(
-            method, path, content=content, params=params, headers=headers
+        resp = await self._pool.request(
+            method,
+            _target(path, params),
+            self._request_headers(headers),
+            content.encode() if content is not None else None,
         )
-        return self._decode(method, path, resp, started, decode)
+        return self._decode(method, path, resp.status, resp.content, started, decode)
 
     async def get(self, path: str, **params: Any) -> Obj:
         return await self.request("GET", path, params=params or None)
@@ -302,10 +335,15 @@ class KubeClient(_Codec):
             "timeoutSeconds": "300",
             **params,
         }
-        async with self._http.stream("GET", path, params=query, headers=self._headers()) as resp:
-            if resp.status_code >= 300:
-                body = json.loads(await resp.aread() or b"{}")
-                raise KubeAPIError("WATCH", path, resp.status_code, body)
+        target = _target(path, query)
+        async with self._pool.stream("GET", target, self._request_headers(self._headers())) as resp:
+            if resp.status >= 300:
+                raw = await resp.aread()
+                try:
+                    body = json.loads(raw or b"{}")
+                except ValueError:
+                    body = {"message": raw.decode("utf-8", errors="replace")}
+                raise KubeAPIError("WATCH", path, resp.status, body)
             # One event per "\n"-terminated line. Not aiter_lines(): it also splits at
             # U+0085, U+2028 and the other str.splitlines() breaks, and the apiserver sends
             # U+0085 unescaped inside strings, which would cut an event in two.
@@ -330,8 +368,10 @@ class SyncKubeClient(_Codec):
     def __init__(
         self, conn: Connection, user_agent: str = "dradriver", max_connections: int | None = None
     ) -> None:
+        import httpx  # here: processes that only use KubeClient never load it
+
         super().__init__(conn, user_agent, max_connections)
-        self._http = httpx.Client(**self._http_options())
+        self._http: httpx.Client = httpx.Client(**self._http_options())
 
     def close(self) -> None:
         self._http.close()
@@ -354,7 +394,7 @@ class SyncKubeClient(_Codec):
         headers, content = self._encode(method, body, content_type, accept)
         started = time.monotonic()
         resp = self._http.request(method, path, content=content, params=params, headers=headers)
-        return self._decode(method, path, resp, started)
+        return self._decode(method, path, resp.status_code, resp.content, started)
 
     def get(self, path: str, **params: Any) -> Obj:
         return self.request("GET", path, params=params or None)

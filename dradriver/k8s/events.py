@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import uuid
 
-import httpx
-
 from dradriver.k8s.client import KubeClient
 from dradriver.k8s.errors import KubeAPIError
+from dradriver.k8s.http import TransportError
 from dradriver.k8s.objects import Obj, meta, now_rfc3339
 from dradriver.k8s.paths import RESOURCE_V1, path_for
 from dradriver.log import get_logger
@@ -68,7 +67,7 @@ class EventRecorder:
         try:
             await self.client.create(path_for("v1", "events", namespace), body)
             self.posted += 1
-        except (KubeAPIError, httpx.HTTPError) as e:
+        except (KubeAPIError, TransportError) as e:
             log.warning("event not posted", object=f"{namespace}/{m.get('name')}", error=str(e))
 
     def forget(self, uid: str) -> None:

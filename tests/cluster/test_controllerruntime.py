@@ -8,10 +8,9 @@ import time
 from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any
 
-import httpx
-
 from devtools.cluster.local import LocalCluster
 from dradriver.k8s.client import KubeClient, load_connection
+from dradriver.k8s.http import TransportError
 from dradriver.k8s.objects import Obj
 from dradriver.k8s.paths import path_for
 from dradriver.runtime import Backoff, Informer, LeaderElectionConfig, LeaderElector
@@ -78,7 +77,7 @@ class PartitionableClient(KubeClient):
 
     async def request(self, method: str, path: str, *args: Any, **kwargs: Any) -> Obj:
         if self.partitioned:
-            raise httpx.ConnectError("simulated network partition")
+            raise TransportError("simulated network partition")
         return await super().request(method, path, *args, **kwargs)
 
 

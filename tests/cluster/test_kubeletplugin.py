@@ -782,8 +782,10 @@ def test_plugin_identity_cannot_write_another_nodes_slices(
         assert "may only write ResourceSlices of that node" in denied.json()["message"]
         own = client.post(path_for(R, "resourceslices"), json=slice_for(NODE, "own-probe"))
         assert own.status_code == 201, own.text
+        # The plugin's publisher removes slices of its node it did not write, and may get
+        # there first: either way the slice is gone.
         gone = client.delete(path_for(R, "resourceslices", name="own-probe"))
-        assert gone.status_code == 200, gone.text
+        assert gone.status_code in (200, 404), gone.text
 
 
 def allocate_directly(api: AdminAPI, ns: str, name: str, device: str) -> str:

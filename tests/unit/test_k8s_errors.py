@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import httpx
 import pytest
 
 from dradriver.k8s.errors import KubeAPIError, is_conflict, is_gone, is_not_found
+from dradriver.k8s.http import TransportTimeout
 
 
 @pytest.mark.parametrize(
@@ -28,5 +28,5 @@ def test_predicates_read_the_status(
 
 
 def test_transport_errors_are_never_an_answer() -> None:
-    timeout = httpx.ReadTimeout("timed out")
+    timeout = TransportTimeout("GET /x: no answer within the read timeout")
     assert not (is_not_found(timeout) or is_conflict(timeout) or is_gone(timeout))

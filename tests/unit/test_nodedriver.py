@@ -17,7 +17,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import cast
 
-import httpx
 import pytest
 
 from dradriver.api.wellknown import CONFLICT_ANNOTATION
@@ -29,6 +28,7 @@ from dradriver.host.containeredits import ContainerEdits, DeviceNode
 from dradriver.host.hooks import Hook
 from dradriver.host.ledger import ClaimDevice, ClaimEntry, Ledger
 from dradriver.k8s.client import KubeClient
+from dradriver.k8s.http import TransportTimeout
 from dradriver.k8s.objects import Obj
 from dradriver.plugin.interface import ClaimRef, PrepareResult
 from kubeletplugin import nodedriver
@@ -633,9 +633,10 @@ def test_reconcile_tears_down_claims_no_longer_allocated_here(
 
 
 def _timing_out(node: Node) -> None:
-    # A read that times out cannot be had from the in-memory fake: raise what httpx raises.
+    # A read that times out cannot be had from the in-memory fake: raise what the client's
+    # transport raises.
     async def get_or_none(path: str) -> Obj | None:
-        raise httpx.ReadTimeout("timed out")
+        raise TransportTimeout(f"GET {path}: no answer within the read timeout")
 
     node.api.get_or_none = get_or_none  # type: ignore[method-assign]
 
