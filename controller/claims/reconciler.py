@@ -74,6 +74,10 @@ log = get_logger("controller")
 
 MAX_BATCH = 32
 """Claims per round trip to the allocation worker, at most."""
+# Allocated events in flight at once. They inform and nothing waits on them: a burst of
+# allocations must not spend the apiserver's capacity on 1,000 concurrent event POSTs
+# while claims still wait for their finalizer and status writes.
+EVENTS_IN_FLIGHT = 2
 
 
 @dataclass
@@ -145,6 +149,7 @@ class ClaimReconciler:
         self.stats = AllocationStats()
         self.stages = StageTimes(registry)
         self._background: set[asyncio.Task[None]] = set()
+        self._event_slots = asyncio.Semaphore(EVENTS_IN_FLIGHT)
         self.holdings = Holdings(client, claims)
         self.fencing = Fencing(
             client,
@@ -384,12 +389,14 @@ class ClaimReconciler:
         self._in_background(
             self._timed(
                 "event",
-                self.events.emit(
-                    written,
-                    "ResourceClaim",
-                    "Normal",
-                    "Allocated",
-                    f"allocated {', '.join(devices)}" + (f" on node {node}" if node else ""),
+                self._when_slot_free(
+                    self.events.emit(
+                        written,
+                        "ResourceClaim",
+                        "Normal",
+                        "Allocated",
+                        f"allocated {', '.join(devices)}" + (f" on node {node}" if node else ""),
+                    )
                 ),
             )
         )
@@ -469,6 +476,10 @@ class ClaimReconciler:
         task = asyncio.create_task(work)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
+
+    async def _when_slot_free(self, work: Awaitable[None]) -> None:
+        async with self._event_slots:
+            await work
 
     async def _timed(self, stage: str, work: Awaitable[None]) -> None:
         sent = time.monotonic()

@@ -12,7 +12,7 @@ from typing import Any, cast
 import pytest
 
 from controller.claims.allocation import ALLOCATION_ANNOTATION, FINALIZER
-from controller.claims.reconciler import ClaimReconciler
+from controller.claims.reconciler import EVENTS_IN_FLIGHT, ClaimReconciler
 from controller.claims.worker import AllocationJob, AllocationWorker, run_batch
 from dradriver.allocator import AllocatedState, Allocator, SliceInventory, node_info
 from dradriver.k8s.errors import KubeAPIError
@@ -147,6 +147,37 @@ def test_the_allocated_event_is_posted_after_the_reconcile_returns(
         assert rec.events.posted == 0
         api.release.set()
         await eventually("the event posted", lambda: rec.events.posted == 1)
+
+    run(scenario())
+
+
+def test_allocated_events_are_posted_at_most_two_at_a_time(worker: AllocationWorker) -> None:
+    """A burst of allocations does not become a burst of event POSTs beside the writes
+    claims wait for; every event still goes out."""
+
+    class CountingEventAPI(FakeAPIServer):
+        def __init__(self) -> None:
+            super().__init__()
+            self.release = asyncio.Event()
+            self.in_flight = 0
+            self.most = 0
+
+        async def create(self, path: str, body: Obj) -> Obj:
+            if body.get("kind") == "Event":
+                self.in_flight += 1
+                self.most = max(self.most, self.in_flight)
+                await self.release.wait()
+                self.in_flight -= 1
+            return await super().create(path, body)
+
+    async def scenario() -> None:
+        api = CountingEventAPI()
+        rec = reconciler(api, worker, *(new_claim(f"c-{i}") for i in range(6)))
+        await asyncio.wait_for(asyncio.gather(*(rec(f"ns/c-{i}") for i in range(6))), 60)
+        await eventually("two events on their way", lambda: api.in_flight == EVENTS_IN_FLIGHT)
+        api.release.set()
+        await eventually("every event posted", lambda: rec.events.posted == 6)
+        assert api.most == EVENTS_IN_FLIGHT
 
     run(scenario())
 
