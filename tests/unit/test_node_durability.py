@@ -199,9 +199,9 @@ def test_two_plugin_processes_preparing_one_claim_do_the_work_once(tmp_path: Pat
     assert Plugin(tmp_path).hook_runs() == [f"setup {UID} dev-0"]
 
 
-def test_a_claim_lock_file_removed_by_its_holder_never_admits_two(tmp_path: Path) -> None:
+def test_claim_locks_on_separate_open_files_never_admit_two(tmp_path: Path) -> None:
     """Three processes' views of one lock directory (separate open files, like separate
-    processes): A holds, B waits on A's file, A finishes; then C comes."""
+    processes): A holds, B waits for A, A finishes; then C comes."""
 
     async def scenario() -> int:
         a, b, c = (ClaimLocks(tmp_path) for _ in range(3))
@@ -238,8 +238,10 @@ def test_a_claim_lock_file_removed_by_its_holder_never_admits_two(tmp_path: Path
                 tb = asyncio.create_task(contender("b", b))
                 await until(lambda: waited == ["b"])
             tc = asyncio.create_task(contender("c", c))
-            # One of b and c gets in; the other must then wait, never get in too.
-            await until(lambda: len(inside) == 2 or (len(inside) == 1 and len(waited) >= 2))
+            # One of b and c gets in; the other waits (b since A held it), never gets in too.
+            await until(
+                lambda: len(inside) == 2 or (len(inside) == 1 and "c" in [*waited, *inside])
+            )
             first = next(iter(inside))
             other = "c" if first == "b" else "b"
             release[first].set()
@@ -249,7 +251,38 @@ def test_a_claim_lock_file_removed_by_its_holder_never_admits_two(tmp_path: Path
         return most
 
     assert asyncio.run(scenario()) == 1
-    assert list(tmp_path.iterdir()) == []  # and nothing is left behind
+    # One lock file, still empty, whatever the number of claims: nothing per claim is left.
+    assert [(p.name, p.stat().st_size) for p in tmp_path.iterdir()] == [("claims.lock", 0)]
+
+
+def _hold_and_die(root: str, held: Any) -> None:
+    async def die_holding() -> None:
+        async with ClaimLocks(Path(root)).hold(UID):
+            held.put("held")
+            held.close()
+            held.join_thread()  # the message is out before the process dies
+            os._exit(0)  # no unlock, no cleanup: as a killed plugin
+
+    asyncio.run(die_holding())
+
+
+def test_a_dead_holders_claim_lock_is_free_again(tmp_path: Path) -> None:
+    """The kernel drops a dead process's open-file locks: a crashed plugin holds nothing."""
+    held = multiprocessing.get_context("spawn").Queue()
+    process = spawn(_hold_and_die, str(tmp_path), held)
+    assert held.get(timeout=DEADLINE) == "held"
+    process.join(DEADLINE)
+    assert process.exitcode == 0
+    waited: list[str] = []
+
+    async def take() -> None:
+        locks = ClaimLocks(tmp_path)
+        locks.on_wait = waited.append
+        async with asyncio.timeout(DEADLINE), locks.hold(UID):
+            pass
+
+    asyncio.run(take())
+    assert waited == []  # free at the first try
 
 
 # ----- the ledger's writes --------------------------------------------------------------
