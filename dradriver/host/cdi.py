@@ -376,7 +376,7 @@ class CDIRegistry:
             log.debug("cdi spec unchanged", claim=claim_uid, path=str(path))
             return ids
         atomic_write(path, data, SPEC_FILE_MODE, durable=self.durable)
-        log.info(
+        log.debug(  # the prepare's own line names the devices
             "cdi spec written",
             claim=claim_uid,
             path=str(path),
@@ -398,7 +398,7 @@ class CDIRegistry:
             return
         if self.durable:
             fsync_dir(self.cdi_dir)
-        log.info("cdi spec removed", claim=claim_uid, path=str(path))
+        log.debug("cdi spec removed", claim=claim_uid, path=str(path))
 
     # --- reading ---------------------------------------------------------------
 

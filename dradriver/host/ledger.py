@@ -848,7 +848,7 @@ class Ledger:
                     return existing.model_copy(deep=True)
             self._refuse_busy(entry)
             self._put_claim(uid, entry)
-            log.info(
+            log.debug(  # the node driver logs the outcome, once it is on disk
                 f"claim {state}",
                 claim=f"{namespace}/{name}",
                 uid=uid,
@@ -931,7 +931,7 @@ class Ledger:
                 update={"state": "prepared", "devices": devices, "updated": _now()}
             )
             self._put_claim(uid, done)
-            log.info("claim prepared", claim=f"{entry.namespace}/{entry.name}", uid=uid)
+            log.debug("claim prepared", claim=f"{entry.namespace}/{entry.name}", uid=uid)
             return done.model_copy(deep=True)
 
     def begin_unprepare(self, uid: str) -> ClaimEntry | None:
@@ -943,7 +943,7 @@ class Ledger:
             if entry.state != "unpreparing":
                 entry = entry.model_copy(update={"state": "unpreparing", "updated": _now()})
                 self._put_claim(uid, entry)
-                log.info("claim unpreparing", claim=f"{entry.namespace}/{entry.name}", uid=uid)
+                log.debug("claim unpreparing", claim=f"{entry.namespace}/{entry.name}", uid=uid)
             return entry.model_copy(deep=True)
 
     def remove_claim(self, uid: str) -> None:
@@ -952,7 +952,7 @@ class Ledger:
             if entry is None:
                 return
             self._put_claim(uid, None)
-            log.info("claim removed", claim=f"{entry.namespace}/{entry.name}", uid=uid)
+            log.debug("claim removed", claim=f"{entry.namespace}/{entry.name}", uid=uid)
 
     # --- device-plugin holds ---------------------------------------------------
 
