@@ -10,7 +10,7 @@ import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dradriver import DEFAULT_DRIVER_NAME
 from dradriver.devices.config import DriverConfig, DriverConfigError, load_config
@@ -30,10 +30,13 @@ from dradriver.resourceslice.publisher import SlicePublisher, slice_informer
 from kubeletplugin.claimstatus import ClaimStatusWriter
 from kubeletplugin.devicemetadata import DeviceMetadataWriter
 from kubeletplugin.inventory import NodeInventory
-from kubeletplugin.legacy.podresources import HoldReconciler, PodResourcesClient
-from kubeletplugin.legacy.shim import DevicePluginSetupError, DevicePluginShim
+from kubeletplugin.legacy.errors import DevicePluginSetupError
 from kubeletplugin.metrics import PluginMetrics
 from kubeletplugin.nodedriver import NodeDriver
+
+if TYPE_CHECKING:
+    from kubeletplugin.legacy.podresources import HoldReconciler
+    from kubeletplugin.legacy.shim import DevicePluginShim
 
 log = get_logger("kubeletplugin")
 # Connections to the apiserver, all kept open when idle: a burst of 100 prepare calls reads
@@ -175,6 +178,11 @@ class Plugin:
         self.hold_reconciler: HoldReconciler | None = None
         kubelet_root = Path(args.kubelet_root)
         if config.device_plugin.enabled:
+            # Imported here: a node without the shim never loads it (or the device-plugin
+            # framework and its gRPC stubs), bench.plugin_rss.
+            from kubeletplugin.legacy.podresources import HoldReconciler, PodResourcesClient
+            from kubeletplugin.legacy.shim import DevicePluginShim
+
             self.shim = DevicePluginShim(
                 config=config.device_plugin,
                 driver_name=self.driver_name,

@@ -67,6 +67,7 @@ from dradriver.host.ledger import (
 )
 from dradriver.log import get_logger
 from kubeletplugin.inventory import NodeInventory
+from kubeletplugin.legacy.errors import DevicePluginSetupError
 from kubeletplugin.legacy.podresources import Assignment
 from kubeletplugin.metrics import PluginMetrics
 
@@ -80,10 +81,6 @@ UNKNOWN_CONTAINER = "unknown"
 
 def held_taint_key(driver: str) -> str:
     return f"{driver}/{HELD_TAINT_NAME}"
-
-
-class DevicePluginSetupError(ValueError):
-    """The device-plugin configuration does not fit the devices found on this node."""
 
 
 class ResourceBackend:
