@@ -7,13 +7,17 @@ DRAResourceClaimDeviceStatus, beta and on by default in 1.34-1.36): a ``Ready`` 
 ``kubectl get resourceclaim -o yaml`` shows what the node did.
 
 Written once per claim and off the prepare path: :meth:`ClaimStatusWriter.prepared` only
-queues the claim, a worker task reads it and writes a JSON merge patch of
-``status.devices`` guarded by the claim's resourceVersion (other entries, such as the
-controller's pinned ``data.parameters`` and network devices, are kept as they are). A
-conflict reads the claim again; any other API error (429, 5xx, timeout, 403) is retried
-with per-claim exponential backoff; a claim that is gone, replaced, no longer allocated
-here or unprepared meanwhile is dropped. The write is what ``claim-status-policy.yaml``
-admits: only entries of this driver in the node's pool, on claims allocated to the node.
+queues the claim with the object prepare read, and a worker task writes a JSON merge patch
+of ``status.devices`` built from that object and guarded by its resourceVersion (other
+entries, such as the controller's pinned ``data.parameters`` and network devices, are kept
+as they are): one request per claim, as prepare read the claim moments before. A conflict
+(someone wrote the claim since) reads the claim again, and so does every retry; any other
+API error (429, 5xx, timeout, 403) is retried with per-claim exponential backoff; a claim
+that is gone, replaced, no longer allocated here or unprepared meanwhile is dropped. The
+worker handles one claim at a time and gives the loop back between claims, so a queue of
+claims that need no request (published already) does not hold the loop either. The write
+is what ``claim-status-policy.yaml`` admits: only entries of this driver in the node's
+pool, on claims allocated to the node.
 """
 
 from __future__ import annotations
@@ -148,6 +152,9 @@ class ClaimStatusWriter:
             "claim-status", rate_limiter=ItemExponentialRateLimiter(base_delay, max_delay)
         )
         self._pending: dict[str, _Pending] = {}
+        # Claims whose first attempt has not run yet: the object prepare read.
+        self._read: dict[str, Obj] = {}
+        self.reads = 0  # GETs of claims (the first attempt makes none)
         self._settled = asyncio.Event()
         self._settled.set()
         self._task: asyncio.Task[None] | None = None
@@ -156,11 +163,16 @@ class ClaimStatusWriter:
 
     # ----- called by the node driver (never blocks, never raises) --------------------
 
-    def prepared(self, claim: ClaimRef, devices: list[PreparedDevice]) -> None:
-        """Queue the status of a claim that was just prepared."""
+    def prepared(
+        self, claim: ClaimRef, devices: list[PreparedDevice], obj: Obj | None = None
+    ) -> None:
+        """Queue the status of a claim that was just prepared; ``obj`` is the claim as
+        prepare read it (the first attempt builds its patch on it instead of a GET)."""
         if claim.uid in self._pending or not devices:
             return
         self._pending[claim.uid] = _Pending(claim, tuple(devices))
+        if obj is not None:
+            self._read[claim.uid] = obj
         self._settled.clear()
         self.queue.add(claim.uid)
 
@@ -194,6 +206,7 @@ class ClaimStatusWriter:
 
     def _finished(self, uid: str) -> None:
         self._pending.pop(uid, None)
+        self._read.pop(uid, None)
         if not self._pending:
             self._settled.set()
 
@@ -215,6 +228,9 @@ class ClaimStatusWriter:
                 self.queue.add_rate_limited(uid)
             finally:
                 self.queue.done(uid)
+            # A claim whose write needed no request never awaited: let prepares run before
+            # the next one, as the GET every claim cost once did.
+            await asyncio.sleep(0)
 
     async def _write(self, uid: str) -> bool:
         """True when done with the claim (written, or nothing to write); False to retry."""
@@ -223,9 +239,13 @@ class ClaimStatusWriter:
             return True
         claim = pending.claim
         path = path_for(RESOURCE_V1, "resourceclaims", claim.namespace, claim.name)
+        # Used once: after a conflict or any other failure the claim is read again.
+        obj: Obj | None = self._read.pop(uid, None)
         try:
             async with asyncio.timeout(WRITE_TIMEOUT_SECONDS):
-                obj = await self.client.get_or_none(path)
+                if obj is None:
+                    self.reads += 1
+                    obj = await self.client.get_or_none(path)
                 if obj is None or obj["metadata"].get("uid") != uid:
                     self._drop(uid, "claim gone or replaced")
                     return True

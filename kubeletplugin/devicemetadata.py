@@ -23,7 +23,9 @@ pool, name and the attributes as the ResourceSlice publishes them. The format ha
 place for opaque config; that still reaches containers as ``DRADRIVER_*`` env.
 
 Like the helper, a metadata write that fails is logged and the claim is prepared without
-it: the file is information, not a device.
+it: the file is information, not a device. The file system work stays off the event loop:
+rendered there (:meth:`DeviceMetadataWriter.plan`), written (:meth:`DeviceMetadataWriter.write`)
+in the worker thread that records a new claim in the ledger, or in a thread of its own.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from __future__ import annotations
 import json
 import shutil
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -98,6 +101,16 @@ def render(
     return "".join(parts).encode("utf-8")
 
 
+@dataclass(frozen=True)
+class MetadataFiles:
+    """One claim's metadata, rendered: the files and the CDI devices that mount them."""
+
+    claim: ClaimRef
+    files: tuple[tuple[Path, bytes], ...]  # host path, content
+    cdi_devices: tuple[CDIDevice, ...]
+    ids: Mapping[str, str]  # request -> the metadata CDI ID
+
+
 class DeviceMetadataWriter:
     """Writes and removes the metadata files and their CDI spec, claim by claim."""
 
@@ -120,10 +133,11 @@ class DeviceMetadataWriter:
     def host_path(self, claim: ClaimRef, request: str) -> Path:
         return self.claim_dir(claim) / request / HOST_FILE
 
-    def prepared(
+    def plan(
         self, claim: ClaimRef, obj: Obj, devices: list[PreparedDevice]
-    ) -> list[PreparedDevice]:
-        """``devices`` with the metadata CDI ID added to each request's first device."""
+    ) -> MetadataFiles | None:
+        """What :meth:`write` puts on disk for the claim (no file system access, so it runs
+        on the event loop); ``None`` if there is nothing to write or it cannot be rendered."""
         annotations = (obj.get("metadata") or {}).get("annotations") or {}
         pod_claim_name = annotations.get(POD_CLAIM_NAME_ANNOTATION)
         if not isinstance(pod_claim_name, str) or not pod_claim_name:
@@ -142,8 +156,10 @@ class DeviceMetadataWriter:
         for d in devices:
             for request in d.request_names:
                 by_request.setdefault(request, []).append(d)
+        if not by_request:
+            return None
         try:
-            cdi_devices = []
+            files, cdi_devices = [], []
             for request, members in sorted(by_request.items()):
                 data = render(
                     self.driver,
@@ -153,8 +169,7 @@ class DeviceMetadataWriter:
                     [(d.pool, d.device, self._attributes_of(d.device)) for d in members],
                 )
                 path = self.host_path(claim, request)
-                _mkdirs(path.parent, self.root.parent)
-                atomic_write(path, data, FILE_MODE, durable=False)
+                files.append((path, data))
                 mount = Mount.model_validate(
                     {
                         "hostPath": str(path),
@@ -165,14 +180,33 @@ class DeviceMetadataWriter:
                     }
                 )
                 cdi_devices.append(CDIDevice(request, ContainerEdits(mounts=(mount,))))
-            ids = self.cdi.write_claim(claim.uid, cdi_devices) if cdi_devices else {}
-        except (OSError, CDIError, ValueError) as e:
+            ids = {d.name: self.cdi.cdi_id(claim.uid, d.name) for d in cdi_devices}
+        except (CDIError, ValueError) as e:
             log.error("device metadata not written", claim=str(claim), error=str(e))
-            return devices
+            return None
+        return MetadataFiles(claim, tuple(files), tuple(cdi_devices), ids)
+
+    def write(self, files: MetadataFiles) -> bool:
+        """Write the files and their CDI spec (blocking: called in a worker thread); False,
+        logged, if that failed: the claim is then prepared without them. Never raises for
+        a file system or spec error."""
+        try:
+            for path, data in files.files:
+                _mkdirs(path.parent, self.root.parent)
+                atomic_write(path, data, FILE_MODE, durable=False)
+            self.cdi.write_claim(files.claim.uid, files.cdi_devices)
+        except (OSError, CDIError, ValueError) as e:
+            log.error("device metadata not written", claim=str(files.claim), error=str(e))
+            return False
+        return True
+
+    @staticmethod
+    def with_ids(devices: list[PreparedDevice], files: MetadataFiles) -> list[PreparedDevice]:
+        """``devices`` with the metadata CDI ID added to each request's first device."""
         out = []
         done: set[str] = set()
         for d in devices:
-            extra = tuple(ids[r] for r in d.request_names if r not in done)
+            extra = tuple(files.ids[r] for r in d.request_names if r not in done)
             done.update(d.request_names)
             out.append(
                 PreparedDevice(d.request_names, d.pool, d.device, d.cdi_ids + extra, d.share_id)

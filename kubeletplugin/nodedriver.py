@@ -77,7 +77,9 @@ class ClaimStatusSink(Protocol):
     """Where prepared claims go to have their device status published (claimstatus.py);
     both calls return at once."""
 
-    def prepared(self, claim: ClaimRef, devices: list[PreparedDevice]) -> None: ...
+    def prepared(self, claim: ClaimRef, devices: list[PreparedDevice], obj: Obj) -> None:
+        """``obj`` is the claim as prepare read it: the first write builds on it."""
+        ...
 
     def unprepared(self, uid: str) -> None: ...
 
@@ -214,7 +216,7 @@ class NodeDriver:
             async with self.claim_locks.hold(claim.uid):
                 with self.metrics.prepare_seconds.time():
                     try:
-                        devices = await self._prepare(claim)
+                        devices, obj = await self._prepare(claim)
                     except PrepareError as e:
                         self.metrics.prepare_errors.inc()
                         log.warning("prepare failed", claim=str(claim), uid=claim.uid, error=str(e))
@@ -225,7 +227,8 @@ class NodeDriver:
                         return PrepareResult(error=f"internal error: {e}")
         self.metrics.prepares.inc()
         if self.status is not None:
-            self.status.prepared(claim, devices)  # queued: API latency stays out of prepare
+            # Queued: API latency stays out of prepare; the claim as read saves a GET.
+            self.status.prepared(claim, devices, obj)
         return PrepareResult(devices=devices)
 
     def _claims_changed(self) -> None:
@@ -378,14 +381,18 @@ class NodeDriver:
             for p in planned
         ]
 
-    async def _prepare(self, claim: ClaimRef) -> list[PreparedDevice]:
+    async def _prepare(self, claim: ClaimRef) -> tuple[list[PreparedDevice], Obj]:
+        """The prepared devices, and the claim as read (for its status)."""
         obj = await self._fetch_claim(claim)
+        return await self._prepare_read(claim, obj), obj
+
+    async def _prepare_read(self, claim: ClaimRef, obj: Obj) -> list[PreparedDevice]:
         planned = self.plan(claim, obj)
         digest = self.digest(planned)
         if self.setup is None and self.gate is None:
             # The usual case, a claim the ledger does not know yet, takes one trip to the
             # ledger's worker thread: read, spec, record. A known claim takes the path below.
-            outcome = await self._first_prepare(claim, planned, digest)
+            outcome = await self._first_prepare(claim, obj, planned, digest)
             if not isinstance(outcome, ClaimEntry):
                 log.info(
                     "prepared",
@@ -393,7 +400,7 @@ class NodeDriver:
                     uid=claim.uid,
                     devices=",".join(p.cdi_name for p in planned),
                 )
-                return self._with_metadata(claim, obj, self._prepared(planned, outcome))
+                return outcome
             existing: ClaimEntry | None = outcome
         else:
             existing = await self._commits.read(lambda: self.ledger.get_claim(claim.uid))
@@ -402,12 +409,12 @@ class NodeDriver:
                 # Rebuilt from its CDI spec after the ledger was lost: set up already.
                 ids = await self._adopt(claim, planned, digest)
                 self.unconfirmed.discard(claim.uid)
-                return self._with_metadata(claim, obj, self._prepared(planned, ids))
+                return await self._with_metadata(claim, obj, self._prepared(planned, ids))
             if existing.config_digest == digest:
                 # Repeated call (kubelet restart, retry): make sure the spec is still there.
                 ids = self.cdi.write_claim(claim.uid, self._cdi_devices(claim, planned))
                 self.unconfirmed.discard(claim.uid)
-                return self._with_metadata(claim, obj, self._prepared(planned, ids))
+                return await self._with_metadata(claim, obj, self._prepared(planned, ids))
             if not existing.recovered:
                 raise PrepareError(
                     f"ResourceClaim {claim} is already prepared with a different allocation "
@@ -432,7 +439,7 @@ class NodeDriver:
                 uid=claim.uid,
                 devices=",".join(p.cdi_name for p in planned),
             )
-            return self._with_metadata(claim, obj, self._prepared(planned, ids))
+            return await self._with_metadata(claim, obj, self._prepared(planned, ids))
         entries = self._ledger_devices(planned)
         try:
             await self._commits.run(
@@ -467,21 +474,25 @@ class NodeDriver:
             uid=claim.uid,
             devices=",".join(p.cdi_name for p in planned),
         )
-        return self._with_metadata(claim, obj, self._prepared(planned, ids))
+        return await self._with_metadata(claim, obj, self._prepared(planned, ids))
 
     async def _first_prepare(
-        self, claim: ClaimRef, planned: list[PlannedDevice], digest: str
-    ) -> dict[str, str] | ClaimEntry:
+        self, claim: ClaimRef, obj: Obj, planned: list[PlannedDevice], digest: str
+    ) -> list[PreparedDevice] | ClaimEntry:
         """:meth:`_prepare_in_one_write` for a claim the ledger does not know, in one change
-        run by the group committer: the CDI IDs, or the claim's entry if it has one (then
-        nothing was changed). Without a gate only: the shim's answers belong on the loop."""
+        run by the group committer: the prepared devices, or the claim's entry if it has one
+        (then nothing was changed). The device metadata files are written in the same change,
+        after the entry (a failed metadata write fails neither this claim nor the batch's
+        others). Without a gate only: the shim's answers belong on the loop."""
         cdi_devices = self._cdi_devices(claim, planned)
         ids = {d.name: self.cdi.cdi_id(claim.uid, d.name) for d in cdi_devices}
         entries = self._ledger_devices(planned, ids)
-        wrote_spec = False
+        devices = self._prepared(planned, ids)
+        metadata = None if self.metadata is None else self.metadata.plan(claim, obj, devices)
+        wrote_spec = wrote_metadata = False
 
-        def change() -> dict[str, str] | ClaimEntry:
-            nonlocal wrote_spec
+        def change() -> list[PreparedDevice] | ClaimEntry:
+            nonlocal wrote_spec, wrote_metadata
             existing = self.ledger.get_claim(claim.uid)
             if existing is not None:
                 return existing
@@ -489,7 +500,16 @@ class NodeDriver:
             wrote_spec = True
             self.cdi.write_claim(claim.uid, cdi_devices)
             self.ledger.record_prepared(claim.uid, claim.namespace, claim.name, entries, digest)
-            return ids
+            if self.metadata is None or metadata is None:
+                return devices
+            wrote_metadata = True
+            try:
+                if not self.metadata.write(metadata):
+                    return devices
+            except Exception as e:  # the claim is recorded: only its metadata is lost
+                log.exception("device metadata not written", claim=str(claim), error=str(e))
+                return devices
+            return self.metadata.with_ids(devices, metadata)
 
         try:
             return await self._commits.run(change)
@@ -503,6 +523,8 @@ class NodeDriver:
                         claim=str(claim),
                         error=str(removing),
                     )
+            if wrote_metadata and self.metadata is not None:
+                self.metadata.unprepared(claim)  # logs its own failure
             if isinstance(e, DeviceBusy | LedgerError | OSError | ValueError):
                 raise PrepareError(f"ResourceClaim {claim}: {e}") from e
             raise
@@ -576,11 +598,17 @@ class NodeDriver:
         wanted = {DeviceKey(p.pool, p.device, p.share_id) for p in planned}
         return len(wanted) == len(entry.devices) and wanted == {d.key for d in entry.devices}
 
-    def _with_metadata(
+    async def _with_metadata(
         self, claim: ClaimRef, obj: Obj, devices: list[PreparedDevice]
     ) -> list[PreparedDevice]:
-        """The devices with the device-metadata CDI IDs (devicemetadata.py), if enabled."""
-        return devices if self.metadata is None else self.metadata.prepared(claim, obj, devices)
+        """The devices with the device-metadata CDI IDs (devicemetadata.py), if enabled; the
+        files are written in a worker thread, off the loop that serves every other claim."""
+        if self.metadata is None:
+            return devices
+        files = self.metadata.plan(claim, obj, devices)
+        if files is None or not await asyncio.to_thread(self.metadata.write, files):
+            return devices
+        return self.metadata.with_ids(devices, files)
 
     def _prepared(self, planned: list[PlannedDevice], ids: dict[str, str]) -> list[PreparedDevice]:
         # The kubelet matches request names against containers' top-level requests.

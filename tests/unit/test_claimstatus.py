@@ -165,8 +165,34 @@ def test_5xx_and_conflicts_are_retried_with_backoff(tmp_path: Path) -> None:
     assert entry["conditions"][0]["type"] == "Ready"
 
 
-class WriteBetweenReadAndPatchAPI(FakeAPIServer):
-    """Someone else writes the claim right after the status writer read it."""
+def claim_requests(api: FakeAPIServer, claim: Obj) -> list[tuple[str, str]]:
+    """The requests made for the claim (prepare's and the status writer's), in order."""
+    path = claim_path(claim["metadata"]["namespace"], claim["metadata"]["name"])
+    return [
+        (method, "status" if at.endswith("/status") else "claim")
+        for method, at in api.requests
+        if at.removesuffix("/status") == path
+    ]
+
+
+def test_the_first_write_builds_on_the_claim_prepare_read(tmp_path: Path) -> None:
+    api = FakeAPIServer()
+    claim = store_claim(api, allocated_claim("c", [result("dev-0"), result("dev-1")]))
+
+    async def scenario(plugin: Plugin) -> None:
+        await plugin.prepare(claim)
+        await plugin.writer.settled()
+        assert plugin.writer.written == 1 and plugin.writer.reads == 0
+
+    run(tmp_path, scenario, api)
+    # One GET (prepare's) and one PATCH: the status writer reads nothing of its own.
+    assert claim_requests(api, claim) == [("GET", "claim"), ("PATCH", "status")]
+    assert len(stored_devices(api, claim)) == 2
+
+
+class WriteAfterPrepareReadAPI(FakeAPIServer):
+    """Someone else writes the claim right after prepare read it: the version that the
+    status writer's first patch carries is stale by then."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -175,24 +201,32 @@ class WriteBetweenReadAndPatchAPI(FakeAPIServer):
     async def get_or_none(self, path: str) -> Obj | None:
         obj = await super().get_or_none(path)
         self.gets += 1
-        if self.gets == 2:  # the first read is prepare's, the second the writer's
+        if self.gets == 1:
             self.put(path, {**copy.deepcopy(self.objects[path]), "spec": {"x": 1}})
         return obj
 
 
 def test_a_stale_version_is_a_real_conflict_and_is_read_again(tmp_path: Path) -> None:
-    api = WriteBetweenReadAndPatchAPI()
+    api = WriteAfterPrepareReadAPI()
     claim = store_claim(api, allocated_claim("c", [result("dev-0")]))
 
     async def scenario(plugin: Plugin) -> None:
         await plugin.prepare(claim)
         await plugin.writer.settled()
         assert plugin.writer.retries == 1 and plugin.writer.written == 1
+        assert plugin.writer.reads == 1
 
     run(tmp_path, scenario, api)
     (entry,) = stored_devices(api, claim)
     assert entry["conditions"][0]["reason"] == "Prepared"
-    assert api.history[-1].method == "PATCH"
+    assert claim_requests(api, claim) == [
+        ("GET", "claim"),  # prepare's
+        ("PATCH", "status"),  # on prepare's version: 409
+        ("GET", "claim"),  # read again after the conflict
+        ("PATCH", "status"),
+    ]
+    stored = api.stored(claim_path("default", "c"))
+    assert stored is not None and stored["spec"] == {"x": 1}  # the other write is kept
 
 
 class StalledStatusAPI(FakeAPIServer):
@@ -250,9 +284,42 @@ def test_unprepared_gone_or_replaced_claims_are_dropped(tmp_path: Path) -> None:
         assert plugin.writer.pending == frozenset()
 
     run(tmp_path, scenario, api)
-    # Only the write already in flight for "u" could land; "g" and "r" were never written.
-    written = {p for p in (w.path for w in api.history) if p.endswith("/status")}
-    assert written <= {claim_path("default", "u") + "/status"}
+    # Only the write already in flight for "u" could land. The first patches of "g" and "r"
+    # carried the versions prepare read: refused (404, 409), and "r" is then read again.
+    assert api.stored(claim_path("default", "g")) is None
+    stored = api.stored(claim_path("default", "r"))
+    assert stored is not None and stored["metadata"]["uid"] == "new"
+    assert not (stored.get("status") or {}).get("devices")
+
+
+def test_the_worker_gives_the_loop_back_between_claims_that_need_no_request() -> None:
+    """Claims published already cost the worker no request, so no await: it still lets
+    other tasks (prepares) run after each claim, as the GET each claim cost once did."""
+    from dradriver.plugin.interface import PreparedDevice
+
+    api = FakeAPIServer()
+    device = PreparedDevice(("gpu",), NODE, "dev-0", ("x",))
+
+    async def main() -> list[int]:
+        writer = ClaimStatusWriter(cast(KubeClient, api), DRIVER, NODE)
+        for i in range(5):
+            claim = store_claim(api, allocated_claim(f"c{i}", [result("dev-0")]))
+            claim["status"]["devices"] = merged_devices([], DRIVER, NODE, (device,), 1)
+            writer.prepared(claim_ref(claim), [device], claim)
+        seen = []
+        writer.start()
+        try:
+            async with asyncio.timeout(DEADLINE):
+                while writer.pending:
+                    seen.append(len(writer.pending))
+                    await asyncio.sleep(0)
+        finally:
+            await writer.stop()
+        return seen
+
+    # The loop got back after every claim: the other task saw each count.
+    assert asyncio.run(main()) == [5, 4, 3, 2, 1]
+    assert api.requests == []  # nothing to write, nothing read
 
 
 def test_network_and_foreign_pool_devices_are_left_to_their_owners() -> None:

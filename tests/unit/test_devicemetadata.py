@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 from pathlib import Path
 from typing import Any, cast
 
@@ -17,7 +18,7 @@ from dradriver.host.cdi import CDIRegistry
 from dradriver.host.ledger import Ledger
 from dradriver.k8s.client import KubeClient
 from dradriver.k8s.objects import Obj
-from kubeletplugin.devicemetadata import DeviceMetadataWriter
+from kubeletplugin.devicemetadata import DeviceMetadataWriter, MetadataFiles
 from kubeletplugin.inventory import NodeInventory
 from kubeletplugin.nodedriver import NodeDriver
 from tests.fakes.apiserver import FakeAPIServer
@@ -173,6 +174,58 @@ def test_a_failing_metadata_write_does_not_fail_the_claim(tmp_path: Path) -> Non
     claim = store_claim(plugin.api, allocated_claim("c", [result("dev-0")]))
     (device,) = plugin.prepare(claim)
     assert device.cdi_ids == (f"{DRIVER}/device={claim['metadata']['uid']}-dev-0",)
+
+
+def test_a_metadata_write_failing_in_the_ledger_change_fails_no_claim_of_the_batch(
+    tmp_path: Path,
+) -> None:
+    """The files are written in the group committer's change that records a new claim: one
+    claim's failed metadata write leaves it, and the other claims of the same ledger write,
+    prepared (and recorded), only that claim without its metadata CDI ID."""
+    plugin = Plugin(tmp_path)
+    ok = store_claim(plugin.api, allocated_claim("ok", [result("dev-0")]))
+    blocked = store_claim(plugin.api, allocated_claim("blocked", [result("dev-1")]))
+    root = plugin.data_dir / "dra-device-metadata"
+    root.mkdir(parents=True)
+    (root / "default_blocked").write_text("not a directory")  # only this claim's dir fails
+    out = asyncio.run(plugin.driver.prepare_claims([claim_ref(ok), claim_ref(blocked)]))
+    assert plugin.driver._commits.writes == 1  # both claims in one change batch
+    ok_uid, blocked_uid = ok["metadata"]["uid"], blocked["metadata"]["uid"]
+    assert out[ok_uid].error == "" and out[blocked_uid].error == ""
+    assert out[ok_uid].devices[0].cdi_ids == (
+        f"{DRIVER}/device={ok_uid}-dev-0",
+        f"{DRIVER}/metadata={ok_uid}-gpu",
+    )
+    assert out[blocked_uid].devices[0].cdi_ids == (f"{DRIVER}/device={blocked_uid}-dev-1",)
+    assert metadata_mounts(plugin, ok_uid)
+    assert not (plugin.cdi_dir / f"{DRIVER}-metadata_claim-{blocked_uid}.json").exists()
+    for uid in (ok_uid, blocked_uid):
+        entry = plugin.driver.ledger.get_claim(uid)
+        assert entry is not None and entry.state == "prepared"
+        assert (plugin.cdi_dir / f"{DRIVER}-device_claim-{uid}.json").exists()
+
+
+class ThreadNotingWriter(DeviceMetadataWriter):
+    """The real writer, noting which thread writes the files."""
+
+    threads: list[int]
+
+    def write(self, files: MetadataFiles) -> bool:
+        self.threads.append(threading.get_ident())
+        return super().write(files)
+
+
+def test_the_files_are_written_off_the_event_loop(tmp_path: Path) -> None:
+    plugin = Plugin(tmp_path)
+    writer = ThreadNotingWriter(DRIVER, plugin.data_dir, plugin.cdi_dir, lambda _: {})
+    writer.threads = []
+    plugin.driver.metadata = writer
+    claim = store_claim(plugin.api, allocated_claim("c", [result("dev-0")]))
+    first = plugin.prepare(claim)  # a new claim: in the ledger change's worker thread
+    again = plugin.prepare(claim)  # a repeated call: in a thread of its own
+    assert first == again and first[0].cdi_ids[-1].startswith(f"{DRIVER}/metadata=")
+    assert len(writer.threads) == 2
+    assert threading.get_ident() not in writer.threads  # asyncio.run's loop runs here
 
 
 def test_start_up_restores_specs_of_prepared_claims_and_removes_the_rest(tmp_path: Path) -> None:
