@@ -647,29 +647,31 @@ class NodeDriver:
         async with self.claim_locks.hold(claim.uid):
             with self.metrics.unprepare_seconds.time():
                 try:
-                    await self._teardown(claim, claim.uid)
+                    await self._teardown(claim, claim.uid, with_metadata=True)
                 except (HookError, OSError) as e:
                     self.metrics.unprepare_errors.inc()
                     log.warning("unprepare failed", claim=str(claim), error=str(e))
                     return f"ResourceClaim {claim}: {e}"
-        if self.metadata is not None:
-            self.metadata.unprepared(claim)
         self.metrics.unprepares.inc()
         return ""
 
-    async def _teardown(self, claim: ClaimRef, uid: str) -> None:
+    async def _teardown(self, claim: ClaimRef, uid: str, with_metadata: bool = False) -> None:
+        """Undo a claim's preparation; ``with_metadata`` (an unprepare) also removes its
+        device-metadata files (start-up's restore() handles those of the other callers)."""
         if self.teardown is None:
             # Nothing is half done between the spec's removal and the ledger write: a crash
             # there leaves a prepared entry without a spec, which start-up writes again
             # (claim still allocated here; the kubelet then unprepares again) or tears
             # down. So the "unpreparing" write is only for the hook.
-            await self._teardown_in_one_write(uid)
+            await self._teardown_in_one_write(uid, claim if with_metadata else None)
             return
         entry = await self._commits.read(lambda: self.ledger.get_claim(uid))
         if entry is None:
             # Never prepared here, or already done: the spec may still be an orphan.
             self.cdi.remove_claim(uid)
             self.unconfirmed.discard(uid)
+            if with_metadata and self.metadata is not None:
+                self.metadata.unprepared(claim)
             return
         await self._commits.run(lambda: self.ledger.begin_unprepare(uid))
         for d in entry.devices:
@@ -687,18 +689,29 @@ class NodeDriver:
         self.cdi.remove_claim(uid)
         await self._commits.run(lambda: self.ledger.remove_claim(uid))
         self.unconfirmed.discard(uid)
+        if with_metadata and self.metadata is not None:
+            self.metadata.unprepared(claim)
         log.info("unprepared", claim=f"{entry.namespace}/{entry.name}", uid=uid)
 
-    async def _teardown_in_one_write(self, uid: str) -> None:
+    async def _teardown_in_one_write(self, uid: str, metadata_of: ClaimRef | None) -> None:
         """Without a teardown hook: the spec, then the entry, in one change run by the group
         committer (the spec is gone before the write that removes the entry; see
-        :meth:`_teardown`). Also removes an orphan spec of a claim the ledger does not know."""
+        :meth:`_teardown`). Also removes an orphan spec of a claim the ledger does not know,
+        and the device-metadata files of ``metadata_of`` (like the spec, before the write:
+        off the event loop, and a failed write is an unprepare the kubelet calls again)."""
 
         def change() -> ClaimEntry | None:
             entry = self.ledger.get_claim(uid)
             self.cdi.remove_claim(uid)
             if entry is not None:
                 self.ledger.remove_claim(uid)
+            if metadata_of is not None and self.metadata is not None:
+                try:
+                    self.metadata.unprepared(metadata_of)  # logs its own failure
+                except Exception as e:  # the entry is removed: only files are left behind
+                    log.exception(
+                        "device metadata not removed", claim=str(metadata_of), error=str(e)
+                    )
             return entry
 
         entry = await self._commits.run(change)

@@ -18,6 +18,7 @@ from dradriver.host.cdi import CDIRegistry
 from dradriver.host.ledger import Ledger
 from dradriver.k8s.client import KubeClient
 from dradriver.k8s.objects import Obj
+from dradriver.plugin.interface import ClaimRef
 from kubeletplugin.devicemetadata import DeviceMetadataWriter, MetadataFiles
 from kubeletplugin.inventory import NodeInventory
 from kubeletplugin.nodedriver import NodeDriver
@@ -206,16 +207,20 @@ def test_a_metadata_write_failing_in_the_ledger_change_fails_no_claim_of_the_bat
 
 
 class ThreadNotingWriter(DeviceMetadataWriter):
-    """The real writer, noting which thread writes the files."""
+    """The real writer, noting which thread writes and removes the files."""
 
-    threads: list[int]
+    threads: list[tuple[str, int]]
 
     def write(self, files: MetadataFiles) -> bool:
-        self.threads.append(threading.get_ident())
+        self.threads.append(("write", threading.get_ident()))
         return super().write(files)
 
+    def unprepared(self, claim: ClaimRef) -> None:
+        self.threads.append(("remove", threading.get_ident()))
+        super().unprepared(claim)
 
-def test_the_files_are_written_off_the_event_loop(tmp_path: Path) -> None:
+
+def test_the_files_are_written_and_removed_off_the_event_loop(tmp_path: Path) -> None:
     plugin = Plugin(tmp_path)
     writer = ThreadNotingWriter(DRIVER, plugin.data_dir, plugin.cdi_dir, lambda _: {})
     writer.threads = []
@@ -224,8 +229,14 @@ def test_the_files_are_written_off_the_event_loop(tmp_path: Path) -> None:
     first = plugin.prepare(claim)  # a new claim: in the ledger change's worker thread
     again = plugin.prepare(claim)  # a repeated call: in a thread of its own
     assert first == again and first[0].cdi_ids[-1].startswith(f"{DRIVER}/metadata=")
-    assert len(writer.threads) == 2
-    assert threading.get_ident() not in writer.threads  # asyncio.run's loop runs here
+    # An unprepare: in the ledger change that removes the entry.
+    assert asyncio.run(plugin.driver.unprepare_claims([claim_ref(claim)])) == {
+        claim["metadata"]["uid"]: ""
+    }
+    assert not writer.claim_dir(claim_ref(claim)).exists()
+    assert [what for what, _ in writer.threads] == ["write", "write", "remove"]
+    loop_thread = threading.get_ident()  # asyncio.run's loop runs here
+    assert all(thread != loop_thread for _, thread in writer.threads)
 
 
 def test_start_up_restores_specs_of_prepared_claims_and_removes_the_rest(tmp_path: Path) -> None:
