@@ -7,17 +7,18 @@ DRAResourceClaimDeviceStatus, beta and on by default in 1.34-1.36): a ``Ready`` 
 ``kubectl get resourceclaim -o yaml`` shows what the node did.
 
 Written once per claim and off the prepare path: :meth:`ClaimStatusWriter.prepared` only
-queues the claim with the object prepare read, and a worker task writes a JSON merge patch
-of ``status.devices`` built from that object and guarded by its resourceVersion (other
-entries, such as the controller's pinned ``data.parameters`` and network devices, are kept
-as they are): one request per claim, as prepare read the claim moments before. A conflict
-(someone wrote the claim since) reads the claim again, and so does every retry; any other
-API error (429, 5xx, timeout, 403) is retried with per-claim exponential backoff; a claim
-that is gone, replaced, no longer allocated here or unprepared meanwhile is dropped. The
-worker handles one claim at a time and gives the loop back between claims, so a queue of
-claims that need no request (published already) does not hold the loop either. The write
-is what ``claim-status-policy.yaml`` admits: only entries of this driver in the node's
-pool, on claims allocated to the node.
+queues the claim with the object prepare read, due after a short delay (a burst of
+prepares is answered first, and a claim unprepared at once costs no request). A worker
+task then writes a JSON merge patch of ``status.devices`` built from that object and
+guarded by its resourceVersion (other entries, such as the controller's pinned
+``data.parameters`` and network devices, are kept as they are): one request per claim. A
+conflict (someone wrote the claim since prepare read it) reads the claim again, and so
+does every retry; any other API error (429, 5xx, timeout, 403) is retried with per-claim
+exponential backoff; a claim that is gone, replaced, no longer allocated here or
+unprepared meanwhile is dropped. The worker handles one claim at a time and gives the
+loop back between claims, so claims that need no request (published already) do not hold
+the loop either. The write is what ``claim-status-policy.yaml`` admits: only entries of
+this driver in the node's pool, on claims allocated to the node.
 """
 
 from __future__ import annotations
@@ -48,6 +49,10 @@ DATA_CDI_IDS = "cdiDeviceIDs"
 DATA_NODE = "node"
 # One claim's status write; a slow apiserver costs this worker, never a prepare.
 WRITE_TIMEOUT_SECONDS = 10.0
+# How long a prepared claim waits before its status is written. A burst of prepares (a
+# node's start, a job's pods) is answered before its status writes compete with it for
+# the apiserver and the loop, and a claim unprepared within this time costs no request.
+WRITE_DELAY_SECONDS = 0.5
 
 
 @dataclass(frozen=True)
@@ -144,10 +149,12 @@ class ClaimStatusWriter:
         node: str,
         base_delay: float = 0.5,
         max_delay: float = 300.0,
+        write_delay: float = WRITE_DELAY_SECONDS,
     ) -> None:
         self.client = client
         self.driver = driver
         self.node = node
+        self.write_delay = write_delay
         self.queue: WorkQueue[str] = WorkQueue(
             "claim-status", rate_limiter=ItemExponentialRateLimiter(base_delay, max_delay)
         )
@@ -174,7 +181,7 @@ class ClaimStatusWriter:
         if obj is not None:
             self._read[claim.uid] = obj
         self._settled.clear()
-        self.queue.add(claim.uid)
+        self.queue.add_after(claim.uid, self.write_delay)
 
     def unprepared(self, uid: str) -> None:
         """The claim was unprepared: its status is no longer worth writing."""

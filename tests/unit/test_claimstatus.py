@@ -42,10 +42,15 @@ DEADLINE = 10.0  # a guard against hanging, never a timing assertion
 class Plugin:
     """The node driver with the status writer hooked in, over ``api``."""
 
-    def __init__(self, tmp: Path, api: Any) -> None:
+    def __init__(self, tmp: Path, api: Any, write_delay: float = 0.001) -> None:
         self.api = api
         self.writer = ClaimStatusWriter(
-            cast(KubeClient, api), DRIVER, NODE, base_delay=0.001, max_delay=0.01
+            cast(KubeClient, api),
+            DRIVER,
+            NODE,
+            base_delay=0.001,
+            max_delay=0.01,
+            write_delay=write_delay,
         )
         self.driver = NodeDriver(
             client=cast(KubeClient, api),
@@ -61,9 +66,14 @@ class Plugin:
         assert out[claim["metadata"]["uid"]].error == ""
 
 
-def run(tmp: Path, scenario: Callable[[Plugin], Awaitable[None]], api: Any = None) -> None:
+def run(
+    tmp: Path,
+    scenario: Callable[[Plugin], Awaitable[None]],
+    api: Any = None,
+    write_delay: float = 0.001,
+) -> None:
     async def main() -> None:
-        plugin = Plugin(tmp, api if api is not None else FakeAPIServer())
+        plugin = Plugin(tmp, api if api is not None else FakeAPIServer(), write_delay)
         plugin.writer.start()
         try:
             await asyncio.wait_for(scenario(plugin), DEADLINE)
@@ -190,6 +200,21 @@ def test_the_first_write_builds_on_the_claim_prepare_read(tmp_path: Path) -> Non
     assert len(stored_devices(api, claim)) == 2
 
 
+def test_a_claim_unprepared_before_its_status_is_due_costs_no_request(tmp_path: Path) -> None:
+    api = FakeAPIServer()
+    claim = store_claim(api, allocated_claim("c", [result("dev-0")]))
+
+    async def scenario(plugin: Plugin) -> None:
+        await plugin.prepare(claim)
+        assert plugin.writer.pending == {claim["metadata"]["uid"]}
+        await plugin.driver.unprepare_claims([claim_ref(claim)])
+        await plugin.writer.settled()  # dropped, not written
+
+    run(tmp_path, scenario, api, write_delay=3600)  # never due within the test
+    assert claim_requests(api, claim) == [("GET", "claim")]  # prepare's only
+    assert not stored_devices(api, claim)
+
+
 class WriteAfterPrepareReadAPI(FakeAPIServer):
     """Someone else writes the claim right after prepare read it: the version that the
     status writer's first patch carries is stale by then."""
@@ -301,7 +326,7 @@ def test_the_worker_gives_the_loop_back_between_claims_that_need_no_request() ->
     device = PreparedDevice(("gpu",), NODE, "dev-0", ("x",))
 
     async def main() -> list[int]:
-        writer = ClaimStatusWriter(cast(KubeClient, api), DRIVER, NODE)
+        writer = ClaimStatusWriter(cast(KubeClient, api), DRIVER, NODE, write_delay=0)
         for i in range(5):
             claim = store_claim(api, allocated_claim(f"c{i}", [result("dev-0")]))
             claim["status"]["devices"] = merged_devices([], DRIVER, NODE, (device,), 1)
