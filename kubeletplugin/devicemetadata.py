@@ -31,6 +31,7 @@ in the worker thread that records a new claim in the ledger, or in a thread of i
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -282,8 +283,16 @@ class DeviceMetadataWriter:
 
 
 def _mkdirs(directory: Path, top: Path) -> None:
-    directory.mkdir(parents=True, exist_ok=True)
+    """``directory`` and its missing parents below ``top``, each new one DIR_MODE whatever
+    the umask; existing ones are left alone (a prepare costs no chmod of the shared root)."""
+    missing = []
     for d in (directory, *directory.parents):
-        if d == top or top not in d.parents:
+        if d == top or top not in d.parents or d.is_dir():
             break
-        d.chmod(DIR_MODE)
+        missing.append(d)
+    for d in reversed(missing):
+        try:
+            os.mkdir(d, DIR_MODE)
+        except FileExistsError:
+            continue  # made meanwhile (another claim of the batch, a second process)
+        os.chmod(d, DIR_MODE)
