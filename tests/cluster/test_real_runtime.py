@@ -573,10 +573,15 @@ def test_a_spec_the_runtime_rejects_is_a_clear_pod_event(
     # Prepare succeeded: the kubelet has the claim's CDI device; the runtime refused it.
     claim = pod_claim(api, namespace, "p")
     assert CDIRegistry(published.cdi_dir, DRIVER).read_claim(claim["metadata"]["uid"])
+    # The container never ran. (Not the pod phase: once the failed start is recorded as
+    # the container's termination, the kubelet reports a restartPolicy Always pod Running,
+    # "restarting", though nothing ever started.)
     pod = api.get(path_for("v1", "pods", namespace, "p"))
-    assert pod["status"]["phase"] == "Pending"
     [status] = pod["status"]["containerStatuses"]
-    assert "running" not in status["state"]
+    assert "running" not in status["state"] and not status.get("started")
+    for state in (status["state"], status.get("lastState") or {}):
+        if "terminated" in state:
+            assert state["terminated"]["reason"] == "StartError", state
 
 
 def release(fifo: Path) -> bool:
