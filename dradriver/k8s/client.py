@@ -336,14 +336,10 @@ class KubeClient(_Codec):
             **params,
         }
         target = _target(path, query)
+        started = time.monotonic()
         async with self._pool.stream("GET", target, self._request_headers(self._headers())) as resp:
-            if resp.status >= 300:
-                raw = await resp.aread()
-                try:
-                    body = json.loads(raw or b"{}")
-                except ValueError:
-                    body = {"message": raw.decode("utf-8", errors="replace")}
-                raise KubeAPIError("WATCH", path, resp.status, body)
+            if resp.status >= 300:  # raises KubeAPIError, as for any other refusal
+                self._decode("WATCH", path, resp.status, await resp.aread() or b"{}", started)
             # One event per "\n"-terminated line. Not aiter_lines(): it also splits at
             # U+0085, U+2028 and the other str.splitlines() breaks, and the apiserver sends
             # U+0085 unescaped inside strings, which would cut an event in two.

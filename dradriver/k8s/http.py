@@ -137,17 +137,8 @@ class StreamedResponse:
         reader = self._conn.reader
         try:
             if self._head.chunked:
-                while True:
-                    async with asyncio.timeout(self._read_timeout):
-                        size = _chunk_size(await reader.readuntil(b"\r\n"))
-                        if size == 0:
-                            while await reader.readuntil(b"\r\n") != b"\r\n":
-                                pass  # trailers
-                            break
-                        data = await reader.readexactly(size + 2)
-                    if data[-2:] != b"\r\n":
-                        raise TransportError("chunk not followed by CRLF")
-                    yield data[:-2]
+                async for data in _chunks(reader, self._read_timeout):
+                    yield data
             elif self._head.length is not None:
                 left = self._head.length
                 while left:
@@ -174,6 +165,22 @@ class StreamedResponse:
 
     async def aread(self) -> bytes:
         return b"".join([chunk async for chunk in self.aiter_bytes()])
+
+
+async def _chunks(reader: asyncio.StreamReader, read_timeout: float | None) -> AsyncIterator[bytes]:
+    """A chunked body's chunks, up to and past its trailers; each chunk read within
+    ``read_timeout`` (None: the caller bounds the whole answer)."""
+    while True:
+        async with asyncio.timeout(read_timeout):
+            size = _chunk_size(await reader.readuntil(b"\r\n"))
+            if size == 0:
+                while await reader.readuntil(b"\r\n") != b"\r\n":
+                    pass  # trailers
+                return
+            data = await reader.readexactly(size + 2)
+        if data[-2:] != b"\r\n":
+            raise TransportError("chunk not followed by CRLF")
+        yield data[:-2]
 
 
 def _chunk_size(line: bytes) -> int:
@@ -333,17 +340,7 @@ class ConnectionPool:
     async def _read_body(self, conn: _Connection, head: _Head) -> bytes:
         reader = conn.reader
         if head.chunked:
-            parts: list[bytes] = []
-            while True:
-                size = _chunk_size(await reader.readuntil(b"\r\n"))
-                if size == 0:
-                    while await reader.readuntil(b"\r\n") != b"\r\n":
-                        pass  # trailers
-                    return b"".join(parts)
-                data = await reader.readexactly(size + 2)
-                if data[-2:] != b"\r\n":
-                    raise TransportError("chunk not followed by CRLF")
-                parts.append(data[:-2])
+            return b"".join([chunk async for chunk in _chunks(reader, None)])
         if head.length is not None:
             return await reader.readexactly(head.length) if head.length else b""
         return await reader.read()  # until the server closes
