@@ -201,6 +201,11 @@ class DeviceMetadataWriter:
             return False
         return True
 
+    def written(self, files: MetadataFiles, devices: list[PreparedDevice]) -> list[PreparedDevice]:
+        """:meth:`write` (blocking), then ``devices`` with the metadata CDI IDs if it
+        succeeded, or as they are if it did not."""
+        return self.with_ids(devices, files) if self.write(files) else devices
+
     @staticmethod
     def with_ids(devices: list[PreparedDevice], files: MetadataFiles) -> list[PreparedDevice]:
         """``devices`` with the metadata CDI ID added to each request's first device."""

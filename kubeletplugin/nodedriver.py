@@ -504,12 +504,10 @@ class NodeDriver:
                 return devices
             wrote_metadata = True
             try:
-                if not self.metadata.write(metadata):
-                    return devices
+                return self.metadata.written(metadata, devices)
             except Exception as e:  # the claim is recorded: only its metadata is lost
                 log.exception("device metadata not written", claim=str(claim), error=str(e))
                 return devices
-            return self.metadata.with_ids(devices, metadata)
 
         try:
             return await self._commits.run(change)
@@ -606,9 +604,9 @@ class NodeDriver:
         if self.metadata is None:
             return devices
         files = self.metadata.plan(claim, obj, devices)
-        if files is None or not await asyncio.to_thread(self.metadata.write, files):
+        if files is None:
             return devices
-        return self.metadata.with_ids(devices, files)
+        return await asyncio.to_thread(self.metadata.written, files, devices)
 
     def _prepared(self, planned: list[PlannedDevice], ids: dict[str, str]) -> list[PreparedDevice]:
         # The kubelet matches request names against containers' top-level requests.
