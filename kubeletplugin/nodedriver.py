@@ -669,7 +669,7 @@ class NodeDriver:
             self.cdi.remove_claim(uid)
             self.unconfirmed.discard(uid)
             if with_metadata and self.metadata is not None:
-                self.metadata.unprepared(claim)
+                await asyncio.to_thread(self.metadata.unprepared, claim)
             return
         await self._commits.run(lambda: self.ledger.begin_unprepare(uid))
         for d in entry.devices:
@@ -688,7 +688,7 @@ class NodeDriver:
         await self._commits.run(lambda: self.ledger.remove_claim(uid))
         self.unconfirmed.discard(uid)
         if with_metadata and self.metadata is not None:
-            self.metadata.unprepared(claim)
+            await asyncio.to_thread(self.metadata.unprepared, claim)
         log.info("unprepared", claim=f"{entry.namespace}/{entry.name}", uid=uid)
 
     async def _teardown_in_one_write(self, uid: str, metadata_of: ClaimRef | None) -> None:
