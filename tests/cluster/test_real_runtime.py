@@ -380,7 +380,10 @@ def test_the_container_reads_the_device_metadata_file_of_its_claims(
     make_claim(api, namespace, "meta-direct", claim_spec(request("shared", capacity="1Gi")))
     from_template = f"{METADATA_DIR}/resourceclaimtemplates/dev/dev/{DRIVER}-metadata.json"
     direct = f"{METADATA_DIR}/resourceclaims/meta-direct/dev/{DRIVER}-metadata.json"
-    script = f"cat {from_template}; echo '---'; cat {direct}"
+    # The container stays up once it has printed: the resourceclaim controller re-creates
+    # a deleted template claim even for a finished pod and names the new one in the pod's
+    # status, so only a running pod's status names the claim it was given.
+    script = f"cat {from_template}; echo '---'; cat {direct}; echo '==='; exec sleep 3600"
     body: Obj = {
         "terminationGracePeriodSeconds": 1,
         "restartPolicy": "Never",
@@ -400,24 +403,27 @@ def test_the_container_reads_the_device_metadata_file_of_its_claims(
     }
     api.create(path_for("v1", "pods", namespace), {"metadata": {"name": "meta"}, "spec": body})
 
-    def finished() -> str | None:
+    def printed_all() -> str | None:
         pod = api.get(path_for("v1", "pods", namespace, "meta"))
         phase = pod.get("status", {}).get("phase")
-        if phase == "Failed":
+        if phase in ("Failed", "Succeeded"):
             raise AssertionError(
-                f"{api.pod_log(namespace, 'meta', 'c0')}; events: "
+                f"container exited: {api.pod_log(namespace, 'meta', 'c0')}; events: "
                 f"{pod_events(api, namespace, 'meta')}"
             )
-        return api.pod_log(namespace, "meta", "c0") if phase == "Succeeded" else None
+        if phase != "Running":
+            return None
+        log = api.pod_log(namespace, "meta", "c0")
+        return log if "===\n" in log else None
 
     try:
-        printed = wait_until("the metadata printed", finished, DEADLINE)
+        printed = wait_until("the metadata printed", printed_all, DEADLINE)
     except TimeoutError as e:
         raise AssertionError(f"{e}; events: {pod_events(api, namespace, 'meta')}") from e
-    first, second = printed.split("---\n")
-    # The pod has finished, so its template claim may be gone: the pod status names it.
+    first, second = printed.split("===\n")[0].split("---\n")
     pod = api.get(path_for("v1", "pods", namespace, "meta"))
     generated = {s["name"]: s["resourceClaimName"] for s in pod["status"]["resourceClaimStatuses"]}
+    given = api.get(path_for(R, "resourceclaims", namespace, generated["dev"]))
     template_objects = json_stream(first)
     assert [o["apiVersion"] for o in template_objects] == [
         "metadata.resource.k8s.io/v1beta1",
@@ -426,6 +432,7 @@ def test_the_container_reads_the_device_metadata_file_of_its_claims(
     newest = template_objects[0]
     assert newest["kind"] == "DeviceMetadata" and newest["podClaimName"] == "dev"
     assert newest["metadata"]["name"] == generated["dev"]
+    assert newest["metadata"]["uid"] == given["metadata"]["uid"]
     assert newest["metadata"]["namespace"] == namespace
     [request_entry] = newest["requests"]
     assert request_entry["name"] == "dev"
