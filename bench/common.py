@@ -60,6 +60,10 @@ GO_BUILD_TIMEOUT = 900.0
 # what the apiserver takes; ours has no client-side limit, so the comparison lifts them.
 GO_QPS = 1000
 GO_BURST = 2000
+# What dradriver does per claim that the Go reference (helper v0.36) does not: the KEP-5304
+# metadata files and the claim's status.devices. Off for the side-by-side rows, so both
+# sides do the same work; the benches print dradriver's defaults next to them.
+AS_GO_FLAGS = ("--no-device-metadata", "--no-claim-status")
 REQUEST_NAME = "gpu"
 RPC_TIMEOUT = 60.0
 
@@ -237,12 +241,15 @@ def ours_plugin(
     kubeconfig: Path,
     kubelet_root: Path | None = None,
     cdi_dir: Path | None = None,
+    flags: Sequence[str] = (),
+    label: str = "ours",
 ) -> PluginUnderTest:
     """dradriver's kubelet plugin, run as NodePlugin does, with N static mock devices.
 
     ``kubelet_root`` (a real kubelet's) and ``cdi_dir`` (its runtime's) default to dirs of
-    its own below ``work``, where the benchmark plays the kubelet."""
-    root = work / "ours"
+    its own below ``work``, where the benchmark plays the kubelet; ``flags`` are added to
+    its command line (:data:`AS_GO_FLAGS` turns off what the Go reference does not do)."""
+    root = work / label
     root.mkdir(parents=True, exist_ok=True)
     config = root / "config.yaml"
     config.write_text(
@@ -274,9 +281,10 @@ def ours_plugin(
         f"--cdi-dir={cdi_dir or root / 'cdi'}",
         f"--state-dir={root / 'state'}",
         f"--http-address=127.0.0.1:{port}",
+        *flags,
     ]
     return PluginUnderTest(
-        label="ours",
+        label=label,
         driver=driver,
         node=node,
         argv=argv,

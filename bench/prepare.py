@@ -16,6 +16,10 @@ The same client runs against dradriver (driver ``bench.dradriver.dev``, node ``b
 and against the Go reference, dra-example-driver's kubelet plugin (driver ``gpu.example.com``,
 node ``bench-go-node``, a cordoned and tainted Node object that exists only while the
 benchmark runs, since the Go helper publishes no slices without it).
+
+dradriver runs twice: first with the per-claim work the Go reference does not do turned off
+(``AS_GO_FLAGS``: the KEP-5304 metadata files and the claim status), which is the side-by-side
+comparison, then as shipped ("defaults"), so the cost of those features stays in sight.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench.common import (
+    AS_GO_FLAGS,
     BENCH_NODE,
     GO_BURST,
     GO_DRIVER,
@@ -164,6 +169,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     binary, go_how = (None, "skipped (--no-go)") if args.no_go else go_binary()
     ours: Result | None = None
+    defaults: Result | None = None
     go: Result | None = None
     go_error = "" if binary is not None else go_how
     layout = shared_layout()
@@ -174,7 +180,20 @@ def main(argv: Sequence[str] | None = None) -> None:
             with short_workdir() as work:
                 ours = bench_plugin(
                     api,
-                    ours_plugin(work, OUR_DRIVER, BENCH_NODE, args.devices, kubeconfig),
+                    ours_plugin(
+                        work, OUR_DRIVER, BENCH_NODE, args.devices, kubeconfig, flags=AS_GO_FLAGS
+                    ),
+                    namespace,
+                    args.devices,
+                    args.claims,
+                    args.iterations,
+                    args.rounds,
+                )
+                defaults = bench_plugin(
+                    api,
+                    ours_plugin(
+                        work, OUR_DRIVER, BENCH_NODE, args.devices, kubeconfig, label="defaults"
+                    ),
                     namespace,
                     args.devices,
                     args.claims,
@@ -199,20 +218,29 @@ def main(argv: Sequence[str] | None = None) -> None:
                         delete_node(api, GO_NODE)
         finally:
             delete_namespace(api, namespace)
-    report(args, ours, go, go_how, go_error)
+    report(args, ours, defaults, go, go_how, go_error)
 
 
 def report(
-    args: argparse.Namespace, ours: Result | None, go: Result | None, go_how: str, go_error: str
+    args: argparse.Namespace,
+    ours: Result | None,
+    defaults: Result | None,
+    go: Result | None,
+    go_how: str,
+    go_error: str,
 ) -> None:
-    assert ours is not None
+    assert ours is not None and defaults is not None
     print(
         f"\nNodePrepareResources / NodeUnprepareResources latency (ms), DRA v1 over a unix socket"
         f"\n{args.devices} devices per plugin, {args.claims} claims, sequential "
         f"{args.iterations} iterations, {args.rounds} rounds of each {args.claims}-claim scenario "
         f"(after {WARMUP} warm-up iterations)"
     )
-    print(f"ours: dradriver kubeletplugin, driver {OUR_DRIVER}, node {BENCH_NODE}")
+    print(
+        f"ours: dradriver kubeletplugin, driver {OUR_DRIVER}, node {BENCH_NODE}, "
+        f"{' '.join(AS_GO_FLAGS)} (what the Go reference does not do)\n"
+        "defaults: the same plugin as shipped (KEP-5304 metadata files and claim status on)"
+    )
     if go is not None:
         print(
             f"go:   {go_how}\n      driver {GO_DRIVER}, node {GO_NODE}, "
@@ -227,12 +255,33 @@ def report(
         o50, o99 = ours.p(key, 0.5), ours.p(key, 0.99)
         g50 = go.p(key, 0.5) if go else math.nan
         g99 = go.p(key, 0.99) if go else math.nan
-        ratio = "n/a" if math.isnan(g50) or g50 == 0 else f"{o50 / g50:.2f}"
-        rows.append([title.format(n=args.claims), ms(o50), ms(o99), ms(g50), ms(g99), ratio])
+        rows.append(
+            [
+                title.format(n=args.claims),
+                ms(o50),
+                ms(o99),
+                ms(g50),
+                ms(g99),
+                ratio(o50, g50),
+                ratio(o99, g99),
+                ms(defaults.p(key, 0.5)),
+                ms(defaults.p(key, 0.99)),
+            ]
+        )
     print()
     print(
         table(
-            ["scenario", "ours p50", "ours p99", "go p50", "go p99", "ratio ours/go (p50)"],
+            [
+                "scenario",
+                "ours p50",
+                "ours p99",
+                "go p50",
+                "go p99",
+                "ours/go p50",
+                "ours/go p99",
+                "defaults p50",
+                "defaults p99",
+            ],
             rows,
         )
     )
@@ -240,9 +289,14 @@ def report(
     for title, key in SCENARIOS[2:]:
         o = ours.wall.get(key, math.nan) / args.rounds
         g = go.wall.get(key, math.nan) / args.rounds if go else math.nan
-        rows.append([title.format(n=args.claims), ms(o), ms(g)])
+        d = defaults.wall.get(key, math.nan) / args.rounds
+        rows.append([title.format(n=args.claims), ms(o), ms(g), ms(d)])
     print(f"\nwall time of one round of {args.claims} claims (ms, mean over rounds)\n")
-    print(table(["scenario", "ours", "go"], rows))
+    print(table(["scenario", "ours", "go", "defaults"], rows))
+
+
+def ratio(ours: float, go: float) -> str:
+    return "n/a" if math.isnan(go) or go == 0 else f"{ours / go:.2f}"
 
 
 if __name__ == "__main__":
