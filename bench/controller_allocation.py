@@ -1,7 +1,7 @@
 """Controller allocation vs kube-scheduler: 1,000 claims over 10,000 devices, on its own cluster.
 
 ``python -m bench.controller_allocation [--claims N] [--devices N] [--workers N]
-[--scheduler-qps Q --scheduler-burst B] [--outage S]``
+[--scheduler-qps Q --scheduler-burst B] [--outage S] [--no-finalizer-policy]``
 
 The benchmark starts its own local cluster (a temporary state dir and free ports; no
 kubelet, see below), so neither its load nor its objects reach the shared cluster the
@@ -15,10 +15,14 @@ in the same cluster, each starting from the same free inventory:
    the annotation ``dradriver.dev/allocation: Immediate`` (one device, a CEL selector on
    ``model``), 32 at a time, and watched until every one is allocated. Claims/s is first
    create sent -> last allocation seen; claim-to-allocated is create sent -> allocation seen
-   by a watch. The claims are then deleted (the controller removes its finalizer) and the
-   controller is stopped.
-2. **kube-scheduler** (the cluster's own, default configuration as ``dradriver cluster up``
-   starts it, i.e. client QPS 50 / burst 100): the same claims (same requests and CEL
+   by a watch. As the chart installs on 1.36+, the allocation-finalizer
+   MutatingAdmissionPolicy gives each claim the controller's finalizer at create, so the
+   controller writes only the allocation (``--no-finalizer-policy``: it adds the finalizer
+   itself, one more write per claim). The claims are then deleted (the controller removes
+   its finalizer) and the controller is stopped.
+2. **kube-scheduler** (the cluster's own, restarted with ``--kube-api-qps`` /
+   ``--kube-api-burst`` from ``--scheduler-qps`` / ``--scheduler-burst``, default 1000 /
+   2000, since the controller has no client-side limiter): the same claims (same requests and CEL
    selectors, without the annotation) are pre-created, untimed; then one pod per claim is
    created, 32 at a time, each referencing its claim by ``resourceClaimName``. Pods/s is
    first pod create sent -> last claim allocation seen; claim-to-allocated is the pod's
@@ -60,6 +64,7 @@ from devtools.cluster.config import Layout, Ports
 from devtools.cluster.local import ClusterState, LocalCluster, running_cluster
 from devtools.cluster.process import ManagedProcess
 from devtools.cluster.wait import wait_until
+from devtools.harness import finalizerpolicy
 from devtools.harness.controller import ControllerProcess, controller_kubeconfig
 from dradriver.k8s.client import KubeClient, load_connection
 from dradriver.k8s.objects import Obj
@@ -493,6 +498,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--scheduler-qps", type=int, default=1000, help="kube-scheduler QPS")
     parser.add_argument("--scheduler-burst", type=int, default=2000, help="kube-scheduler burst")
     parser.add_argument("--outage", type=float, default=60.0, help="apiserver outage, seconds")
+    parser.add_argument(
+        "--finalizer-policy",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="install the chart's allocation-finalizer MutatingAdmissionPolicy for the "
+        "controller phase, as the chart does on 1.36+ (default: on)",
+    )
     args = parser.parse_args(argv)
     if args.claims > args.devices:
         parser.error("--claims must not exceed --devices")
@@ -540,6 +552,14 @@ def main(argv: Sequence[str] | None = None) -> None:
                     "--log-level=warning",
                 ],
             )
+            policy = contextlib.ExitStack()
+            policy_note = "not installed (--no-finalizer-policy)"
+            if args.finalizer_policy:
+                if finalizerpolicy.served(api):
+                    policy.enter_context(finalizerpolicy.installed(api, namespace))
+                    policy_note = "installed (the chart's default where the API is served)"
+                else:
+                    policy_note = "not served by this cluster (before 1.36)"
             proc.start()
             try:
                 wait_until("controller ready", proc.ready, 120)
@@ -579,6 +599,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                 )
             finally:
                 proc.stop()
+                policy.close()
 
             # Phase 2: kube-scheduler through pods, same claims, same free inventory, its
             # client limits lifted as the controller has none.
@@ -671,7 +692,8 @@ def main(argv: Sequence[str] | None = None) -> None:
             print(
                 "\ncontroller: immediate claims (annotation), "
                 f"{args.workers} claim workers, leader election on; time = claim create sent -> "
-                "allocation seen.\n"
+                "allocation seen;\nthe chart's allocation-finalizer MutatingAdmissionPolicy "
+                f"(finalizer added at create): {policy_note}.\n"
                 f"scheduler: the cluster's kube-scheduler restarted with client {limits},\n"
                 "one pod per pre-created claim (resourceClaimName) on a kubelet-less node with\n"
                 f"allocatable pods {n + 100} (a kubelet's maxPods 110 would stop NodeResourcesFit\n"

@@ -17,6 +17,7 @@ import pytest
 import yaml
 from cryptography import x509
 
+from controller.claims.allocation import ALLOCATION_ANNOTATION, FINALIZER, IMMEDIATE
 from devtools import manifests
 from devtools.cluster import chartvalues
 from devtools.cluster.config import Layout
@@ -308,6 +309,31 @@ def test_local_cluster_values(helm: Path, tmp_path: Path) -> None:
     assert [str(ip) for ip in names.get_values_for_type(x509.IPAddress)] == ["127.0.0.1"]
 
 
+MAP_API = "admissionregistration.k8s.io/v1/MutatingAdmissionPolicy"
+
+
+def test_allocation_finalizer_policy_where_the_cluster_serves_it(helm: Path) -> None:
+    assert "MutatingAdmissionPolicy" not in kinds(render(helm))  # helm's defaults: pre-1.36
+    docs = render(helm, "--api-versions", MAP_API)
+    policy = one(docs, "MutatingAdmissionPolicy")
+    binding = one(docs, "MutatingAdmissionPolicyBinding")
+    assert binding["spec"]["policyName"] == policy["metadata"]["name"]
+    spec = policy["spec"]
+    # Ignore: without the policy the controller adds the finalizer itself.
+    assert spec["failurePolicy"] == "Ignore"
+    assert spec["matchConstraints"]["resourceRules"][0]["operations"] == ["CREATE"]
+    conditions = " ".join(c["expression"] for c in spec["matchConditions"])
+    assert f"'{ALLOCATION_ANNOTATION}'" in conditions and f"'{IMMEDIATE}'" in conditions
+    assert f"'{FINALIZER}'" in spec["mutations"][0]["jsonPatch"]["expression"]
+    for setting, api_versions, rendered in [
+        ("controller.allocationFinalizerPolicy=false", ("--api-versions", MAP_API), False),
+        ("controller.allocationFinalizerPolicy=true", (), True),
+        ("controller.enabled=false,webhook.enabled=false", ("--api-versions", MAP_API), False),
+    ]:
+        found = "MutatingAdmissionPolicy" in kinds(render(helm, "--set", setting, *api_versions))
+        assert found == rendered, setting
+
+
 @pytest.mark.parametrize(
     ("setting", "key"),
     [
@@ -322,6 +348,7 @@ def test_local_cluster_values(helm: Path, tmp_path: Path) -> None:
         ("kubeletPlugin.config.driverName=other.dev", "kubeletPlugin/config"),
         ("webhook.failurePolicy=Sometimes", "webhook/failurePolicy"),
         ("kubeletPlugin.cdiDir=relative/cdi", "kubeletPlugin/cdiDir"),
+        ("controller.allocationFinalizerPolicy=maybe", "controller/allocationFinalizerPolicy"),
     ],
 )
 def test_schema_rejects_a_wrong_value_naming_its_key(helm: Path, setting: str, key: str) -> None:

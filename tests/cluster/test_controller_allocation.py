@@ -23,10 +23,12 @@ import pytest
 
 from controller.claims import fences as fence
 from controller.claims.allocation import ALLOCATION_ANNOTATION, FINALIZER, STATUS_ANNOTATION
+from controller.claims.stages import METRIC as STAGE_METRIC
 from devtools.cluster.api import AdminAPI
 from devtools.cluster.gates import apiserver_gates, why_off
 from devtools.cluster.local import LocalCluster
 from devtools.cluster.wait import wait_until
+from devtools.harness import finalizerpolicy
 from devtools.harness.controller import (
     NAMESPACE,
     ControllerProcess,
@@ -333,6 +335,31 @@ def test_immediate_claim_is_allocated_without_a_pod_then_used_by_one(
             rig.delete_all()
         finally:
             rig.delete_all()
+
+
+def test_with_the_chart_finalizer_policy_allocating_is_one_controller_write(
+    api: AdminAPI, namespace: str, running: ControllerProcess
+) -> None:
+    """The chart's MutatingAdmissionPolicy (1.36+) gives an immediate claim the finalizer
+    as it is created: the controller skips its finalizer patch and writes only the
+    allocation. A claim the policy marked that cannot be allocated still goes when
+    deleted (the controller removes the finalizer)."""
+    if not finalizerpolicy.served(api):
+        pytest.skip("this cluster does not serve admissionregistration.k8s.io/v1 policies")
+    stage = f"{STAGE_METRIC}_count{{stage="
+    with Rig(api, namespace, devices=2) as rig, finalizerpolicy.installed(api, namespace):
+        try:
+            created = rig.claim("one")
+            assert FINALIZER in created["metadata"]["finalizers"]
+            wait_until("one allocated", lambda: rig.allocated("one"), DEADLINE)
+            assert running.metric(f'{stage}"status_write"}}') == 1.0
+            assert running.metric(f'{stage}"finalizer_write"}}') in (None, 0.0)
+
+            too_big = rig.claim("too-big", count=3)
+            assert FINALIZER in too_big["metadata"]["finalizers"]
+            wait_until("too-big refused", lambda: rig.events("too-big", "AllocationFailed"), 30)
+        finally:
+            rig.delete_all()  # waits until both are gone: the finalizers were removed
 
 
 def test_parameters_reference_is_resolved_and_pinned(
