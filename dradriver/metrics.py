@@ -63,6 +63,9 @@ def _escape_help(text: str) -> str:
 
 
 def _escape_label_value(text: str) -> str:
+    # A lone surrogate (a str from an undecodable source) could not be encoded in the
+    # UTF-8 body and would fail every scrape: it becomes "?" instead.
+    text = text.encode("utf-8", "replace").decode("utf-8")
     return text.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
 
 

@@ -148,6 +148,12 @@ def test_help_text_and_label_values_are_escaped_and_read_back_unchanged() -> Non
     assert family.samples[0].labels == {"v": HOSTILE}
 
 
+def test_a_label_value_that_is_not_unicode_text_does_not_break_the_scrape() -> None:
+    registry = Registry()
+    Gauge("t", "", ["v"], registry=registry).labels("bad\udcff").set(1)
+    assert 't{v="bad?"} 1.0\n' in registry.exposition().decode()
+
+
 @pytest.mark.parametrize(
     "value",
     [0.0, 1.0, -1.0, 0.1, 1e-7, 123456.0, 1234567.0, 12345678.9, 1e7, 1e15, 1e16, 1e22, -1e7],
