@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from http import HTTPStatus
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from dradriver.metrics import CONTENT_TYPE, Registry
 
 MAX_HEAD_BYTES = 8 * 1024
 READ_SECONDS = 10.0
@@ -34,7 +34,7 @@ class ProbeApp:
     503 with the reason when not ready."""
 
     ready: Callable[[], tuple[bool, str]]
-    registry: CollectorRegistry
+    registry: Registry
     title: str = "dradriver"
 
     def respond(self, target: str) -> tuple[int, str, bytes]:
@@ -47,13 +47,13 @@ class ProbeApp:
             text = f"{'ok' if ok else 'not ready'}: {reason}\n"
             return (200 if ok else 503), TEXT, text.encode()
         if route == "/metrics":
-            return 200, CONTENT_TYPE_LATEST, generate_latest(self.registry)
+            return 200, CONTENT_TYPE, self.registry.exposition()
         return 404, TEXT, b"not found\n"
 
 
 def build_app(
     ready: Callable[[], tuple[bool, str]],
-    registry: CollectorRegistry,
+    registry: Registry,
     title: str = "dradriver",
 ) -> ProbeApp:
     """``ready()`` returns (ready?, reason); /readyz answers 503 with the reason when not."""

@@ -27,8 +27,6 @@ from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from prometheus_client import CollectorRegistry
-
 from controller.claims import fences
 from controller.claims.allocation import (
     FINALIZER,
@@ -68,6 +66,7 @@ from dradriver.k8s.objects import (
     uid_of,
 )
 from dradriver.log import get_logger
+from dradriver.metrics import Registry
 from dradriver.runtime import Informer, RequeueAfter, split_key
 
 log = get_logger("controller")
@@ -124,7 +123,7 @@ class ClaimReconciler:
         removal_window: float = 30.0,
         worker: AllocationWorker | None = None,
         allocation_timeout: float = 10.0,
-        registry: CollectorRegistry | None = None,
+        registry: Registry | None = None,
     ) -> None:
         self.client = client
         self.driver = driver

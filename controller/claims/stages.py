@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import time
 
-from prometheus_client import CollectorRegistry, Histogram
+from dradriver.metrics import Histogram, Registry
 
 STAGES = ("queued", "finalizer_write", "turn", "search", "status_write", "event", "total")
 _BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
@@ -28,13 +28,13 @@ METRIC = "dradriver_controller_claim_stage_seconds"
 class StageTimes:
     """Observes the stages; ``first_seen`` is kept per claim key until its total is taken."""
 
-    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+    def __init__(self, registry: Registry | None = None) -> None:
         self.histogram = Histogram(
             METRIC,
             "Time of one stage of an immediate claim's allocation (controller/claims/stages.py)",
             ["stage"],
             buckets=_BUCKETS,
-            registry=registry if registry is not None else CollectorRegistry(),
+            registry=registry if registry is not None else Registry(),
         )
         self.first_seen: dict[str, float] = {}
         self._started: set[str] = set()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from dradriver.metrics import Counter, Gauge, Histogram, Registry
 
 _BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 
@@ -10,8 +10,8 @@ _BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 
 class RuntimeMetrics:
     """Queue, reconcile, informer and leader-election metrics, labelled by name."""
 
-    def __init__(self, registry: CollectorRegistry | None = None) -> None:
-        self.registry = registry or CollectorRegistry()
+    def __init__(self, registry: Registry | None = None) -> None:
+        self.registry = registry or Registry()
         r = self.registry
         self.queue_depth = Gauge(
             "dradriver_workqueue_depth", "Keys waiting in the queue", ["name"], registry=r

@@ -19,16 +19,10 @@ import time
 from collections.abc import Callable, Collection
 
 from fastapi import FastAPI, Request, Response
-from prometheus_client import (
-    CONTENT_TYPE_LATEST,
-    CollectorRegistry,
-    Counter,
-    Histogram,
-    generate_latest,
-)
 
 from dradriver.errors import FieldError
 from dradriver.log import get_logger
+from dradriver.metrics import CONTENT_TYPE, Counter, Histogram, Registry
 from dradriver.webhook import review
 from dradriver.webhook.validation import KINDS, Settings, Verdict, validate
 
@@ -47,7 +41,7 @@ def bounded(value: object, known: Collection[str]) -> str:
 
 
 class WebhookMetrics:
-    def __init__(self, registry: CollectorRegistry) -> None:
+    def __init__(self, registry: Registry) -> None:
         self.requests = Counter(
             "dradriver_webhook_requests",
             "AdmissionReviews answered, by kind validated ('other' if not ours, 'error' if "
@@ -81,12 +75,12 @@ def _answer_verdict(uid: str, verdict: Verdict) -> Response:
 
 def build_app(
     settings: Settings | None = None,
-    registry: CollectorRegistry | None = None,
+    registry: Registry | None = None,
     ready: Callable[[], tuple[bool, str]] | None = None,
 ) -> FastAPI:
     """``ready()`` returns (ready?, reason); by default the webhook is ready while it serves."""
     settings = settings or Settings()
-    registry = registry or CollectorRegistry()
+    registry = registry or Registry()
     metrics = WebhookMetrics(registry)
     app = FastAPI(title="dradriver-webhook", docs_url=None, redoc_url=None, openapi_url=None)
 
@@ -105,7 +99,7 @@ def build_app(
 
     @app.get("/metrics")
     async def metrics_endpoint() -> Response:
-        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+        return Response(registry.exposition(), media_type=CONTENT_TYPE)
 
     @app.post("/validate")
     async def validate_endpoint(request: Request) -> Response:

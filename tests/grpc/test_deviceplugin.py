@@ -18,7 +18,6 @@ from typing import Any
 import grpc
 import pytest
 import yaml
-from prometheus_client import generate_latest
 
 from dradriver.devices.config import parse_config
 from dradriver.devices.sources import build_sources, discover_all
@@ -307,7 +306,7 @@ def test_list_and_watch_sends_a_new_list_on_every_health_change(sock_dir: Path) 
 
 
 def metrics(env: Env) -> str:
-    return generate_latest(env.metrics.registry).decode()
+    return env.metrics.registry.exposition().decode()
 
 
 def test_preferred_allocation_is_topology_aware(sock_dir: Path) -> None:

@@ -16,6 +16,7 @@ from dradriver.k8s.errors import KubeAPIError
 from dradriver.k8s.objects import Obj
 from dradriver.runtime import Backoff, Informer, RuntimeMetrics
 from tests.fakes.httpapiserver import ScriptedHTTPAPIServer
+from tests.metricsample import sample_value
 
 DEADLINE = 5.0
 
@@ -228,8 +229,8 @@ def test_gone_relists_and_emits_the_difference(how: str) -> None:
             expected = [("add", "seen", "11"), *expected, ("delete", "seen", "11")]
         assert sorted(after_first_list) == sorted(expected)
         assert sorted(informer.keys()) == ["ns/change", "ns/keep", "ns/new"]
-        relists = metrics.registry.get_sample_value(
-            "dradriver_informer_relists_total", {"resource": "configmaps"}
+        relists = sample_value(
+            metrics.registry, "dradriver_informer_relists_total", {"resource": "configmaps"}
         )
         assert relists == 2
         await informer.stop()
@@ -370,8 +371,10 @@ def list_json(items: list[bytes], rv: int) -> bytes:
 
 
 def skipped(metrics: RuntimeMetrics, reason: str) -> float | None:
-    return metrics.registry.get_sample_value(
-        "dradriver_informer_skipped_total", {"resource": "configmaps", "reason": reason}
+    return sample_value(
+        metrics.registry,
+        "dradriver_informer_skipped_total",
+        {"resource": "configmaps", "reason": reason},
     )
 
 
@@ -562,8 +565,10 @@ def test_malformed_events_are_skipped_and_the_watch_goes_on() -> None:
         assert informer.errors == 1
         assert [rv for rv, _ in client.watch_calls] == ["10", "12"]
         # An event type that is not one is counted as "other": the label set stays bounded.
-        other = metrics.registry.get_sample_value(
-            "dradriver_informer_events_total", {"resource": "configmaps", "type": "other"}
+        other = sample_value(
+            metrics.registry,
+            "dradriver_informer_events_total",
+            {"resource": "configmaps", "type": "other"},
         )
         assert other == 1
 

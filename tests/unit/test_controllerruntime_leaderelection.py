@@ -13,6 +13,7 @@ import pytest
 from dradriver.k8s.errors import KubeAPIError
 from dradriver.k8s.objects import Obj
 from dradriver.runtime import LeaderElectionConfig, LeaderElector, RuntimeMetrics
+from tests.metricsample import sample_value
 
 LEASE = 1.0
 RENEW = 0.6
@@ -162,7 +163,7 @@ def test_one_of_two_leads_and_the_lease_records_it() -> None:
         assert spec["leaseDurationSeconds"] == 1
         assert spec["renewTime"].endswith("Z") and "." in spec["renewTime"]
         labels = {"lease": "ns/lease"}
-        assert leader.metrics.registry.get_sample_value("dradriver_leader", labels) == 1
+        assert sample_value(leader.metrics.registry, "dradriver_leader", labels) == 1
         await a.stop()
         await b.stop()
         assert_never_both(a, b)

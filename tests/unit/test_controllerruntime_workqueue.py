@@ -21,6 +21,7 @@ from dradriver.runtime import (
     WorkQueue,
 )
 from dradriver.runtime.informer import Informer
+from tests.metricsample import sample_value
 
 DEADLINE = 5.0
 
@@ -287,9 +288,9 @@ def test_queue_metrics() -> None:
         q.add("a")
         q.add_rate_limited("c")
         r = metrics.registry
-        assert r.get_sample_value("dradriver_workqueue_depth", {"name": "m"}) == 2
-        assert r.get_sample_value("dradriver_workqueue_adds_total", {"name": "m"}) == 2
-        assert r.get_sample_value("dradriver_workqueue_retries_total", {"name": "m"}) == 1
+        assert sample_value(r, "dradriver_workqueue_depth", {"name": "m"}) == 2
+        assert sample_value(r, "dradriver_workqueue_adds_total", {"name": "m"}) == 2
+        assert sample_value(r, "dradriver_workqueue_retries_total", {"name": "m"}) == 1
         q.shut_down()
 
     run(scenario())
@@ -344,7 +345,7 @@ def test_controller_enqueues_cache_on_start_retries_failures_and_forgets() -> No
         assert not ctrl.running
         r = metrics.registry
         assert (
-            r.get_sample_value("dradriver_reconcile_total", {"controller": "c", "result": "error"})
+            sample_value(r, "dradriver_reconcile_total", {"controller": "c", "result": "error"})
             == 2
         )
 

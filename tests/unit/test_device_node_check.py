@@ -38,6 +38,7 @@ from kubeletplugin.legacy.shim import CDI_CLASS, DevicePluginShim
 from kubeletplugin.metrics import PluginMetrics
 from kubeletplugin.nodedriver import NodeDriver
 from tests.fakes.apiserver import FakeAPIServer
+from tests.metricsample import sample_value
 
 pytestmark = pytest.mark.unit
 
@@ -170,7 +171,7 @@ def test_a_regular_file_at_a_device_node_fails_only_that_claim(tmp_path: Path) -
     assert [d.device for d in results[good.uid].devices] == ["dev-1"]
     assert [c.uid for c in ledger.claims()] == [good.uid]  # the bad one holds nothing
     assert cdi.claim_uids_on_disk() == {good.uid}
-    assert driver.metrics.registry.get_sample_value("dradriver_prepare_errors_total") == 1
+    assert sample_value(driver.metrics.registry, "dradriver_prepare_errors_total") == 1
 
 
 def test_device_plugin_allocate_refuses_a_bad_device_node(tmp_path: Path) -> None:
@@ -201,6 +202,6 @@ def test_device_plugin_allocate_refuses_a_bad_device_node(tmp_path: Path) -> Non
     assert CDIRegistry(tmp_path / "cdi", DRIVER, CDI_CLASS).claim_uids_on_disk() == set()
     refused = {"resource": RESOURCE, "reason": "invalid"}
     assert (
-        metrics.registry.get_sample_value("dradriver_deviceplugin_allocation_errors_total", refused)
+        sample_value(metrics.registry, "dradriver_deviceplugin_allocation_errors_total", refused)
         == 1
     )

@@ -6,10 +6,10 @@ import asyncio
 from pathlib import Path
 
 import pytest
-from prometheus_client import CollectorRegistry
 
 from dradriver import httpprobe
 from dradriver.httpserver import HTTPEndpoint, build_app, unix_socket_path
+from dradriver.metrics import Registry
 
 
 def test_a_unix_socket_endpoint_answers_the_probe(tmp_path: Path) -> None:
@@ -20,7 +20,7 @@ def test_a_unix_socket_endpoint_answers_the_probe(tmp_path: Path) -> None:
         return state["ready"], "registered" if state["ready"] else "not registered yet"
 
     async def scenario() -> list[tuple[bool, str]]:
-        endpoint = HTTPEndpoint(build_app(ready, CollectorRegistry()), f"unix:{sock}")
+        endpoint = HTTPEndpoint(build_app(ready, Registry()), f"unix:{sock}")
         await endpoint.start()
         try:
             answers = [await asyncio.to_thread(httpprobe.probe, f"unix:{sock}", "/readyz")]

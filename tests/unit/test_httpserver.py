@@ -14,9 +14,9 @@ from collections.abc import AsyncIterator, Callable
 
 import httpx
 import pytest
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter
 
 from dradriver.httpserver import HTTPEndpoint, build_app
+from dradriver.metrics import CONTENT_TYPE, Counter, Registry
 
 DEADLINE = 30.0  # for the server to close a connection (never reached when all is well)
 
@@ -30,7 +30,7 @@ class Readiness:
 
 
 def endpoint(ready: Callable[[], tuple[bool, str]], read_seconds: float = 10.0) -> HTTPEndpoint:
-    registry = CollectorRegistry()
+    registry = Registry()
     Counter("dradriver_test_prepares", "prepares", registry=registry).inc(3)
     return HTTPEndpoint(build_app(ready, registry), "127.0.0.1:0", read_seconds=read_seconds)
 
@@ -71,7 +71,7 @@ def test_health_readiness_and_metrics() -> None:
         (200, "ok\n"),
         (503, "not ready: not registered with the kubelet\n"),
         (200, "ok: registered\n"),
-        (200, CONTENT_TYPE_LATEST),
+        (200, CONTENT_TYPE),
         (200, ""),
         (404, "not found\n"),
         (405, "only GET and HEAD\n"),

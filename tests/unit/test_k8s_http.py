@@ -315,9 +315,14 @@ def test_a_stream_hands_out_chunks_as_they_arrive() -> None:
 def test_the_two_apps_load_no_http_or_kubernetes_client_library() -> None:
     # Their imports are RSS a process never gives back (bench.plugin_rss): the apps talk to
     # the apiserver through this transport, httpx is the dev tools' sync client only.
+    # dradriver.metrics writes /metrics: prometheus_client's exposition module would load
+    # the standard library's HTTP servers and clients with it. (The email package itself
+    # stays: pydantic's plugin loader imports importlib.metadata, which needs it.)
     script = (
         "import sys\nimport kubeletplugin.main, controller.main\n"
-        "heavy = ('httpx', 'httpcore', 'anyio', 'kubernetes', 'fastapi', 'uvicorn')\n"
+        "heavy = ('httpx', 'httpcore', 'anyio', 'kubernetes', 'fastapi', 'uvicorn',\n"
+        "         'prometheus_client', 'http.server', 'http.client', 'wsgiref',\n"
+        "         'urllib.request', 'email.parser', 'email.feedparser')\n"
         "print(sorted(m for m in heavy if m in sys.modules))\n"
     )
     out = subprocess.run(
