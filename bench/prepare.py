@@ -17,9 +17,13 @@ and against the Go reference, dra-example-driver's kubelet plugin (driver ``gpu.
 node ``bench-go-node``, a cordoned and tainted Node object that exists only while the
 benchmark runs, since the Go helper publishes no slices without it).
 
-dradriver runs twice: first with the per-claim work the Go reference does not do turned off
-(``AS_GO_FLAGS``: the KEP-5304 metadata files and the claim status), which is the side-by-side
-comparison, then as shipped ("defaults"), so the cost of those features stays in sight.
+dradriver runs twice, as two plugins: with the per-claim work the Go reference does not do
+turned off (``AS_GO_FLAGS``: the KEP-5304 metadata files and the claim status), which is the
+side-by-side comparison, and as shipped ("defaults", driver ``defaults.bench.dradriver.dev``),
+so the cost of those features stays in sight. The three plugins run at the same time and take
+turns: one sequential iteration, or one round, each, the first of each turn rotating, so the
+shared machine's slow spells fall on every side alike (run one after the other, Go's p50 of
+the 100-concurrent-calls scenario moved between 108 and 180 ms from one run to the next).
 """
 
 from __future__ import annotations
@@ -65,6 +69,7 @@ SMOKE_ARGS = ("--iterations", "3", "--rounds", "1", "--claims", "3", "--devices"
 CLUSTER = "shared"  # the running local cluster, or one it starts (bench/__init__.py)
 
 OUR_DRIVER = "bench.dradriver.dev"
+DEFAULTS_DRIVER = "defaults.bench.dradriver.dev"
 GO_NODE = "bench-go-node"
 WARMUP = 5
 SLICE_DEADLINE = 60.0
@@ -92,68 +97,102 @@ class Result:
         return percentile(self.samples.get(key, []), q)
 
 
-async def run_scenarios(
-    plugin: PluginUnderTest, claims: list[BenchClaim], iterations: int, rounds: int
-) -> Result:
-    result = Result()
-    client = DRAClient(plugin.dra_socket)
+@dataclass
+class Side:
+    """One plugin under test, its claims and what was measured."""
+
+    plugin: PluginUnderTest
+    claims: list[BenchClaim] = field(default_factory=list)
+    result: Result = field(default_factory=Result)
+    client: DRAClient | None = None
+
+
+def rotated(sides: list[Side], turn: int) -> list[Side]:
+    """``sides`` starting at a different one each turn: no side always goes first."""
+    k = turn % len(sides)
+    return sides[k:] + sides[:k]
+
+
+async def run_interleaved(sides: list[Side], iterations: int, rounds: int) -> None:
+    """Every scenario on every side, turn by turn (one sequential iteration, or one round,
+    per side and turn), so a slow spell of the shared machine (etcd compaction, page
+    cache writeback, the other benches' leftovers) falls on all sides alike."""
+    for side in sides:
+        side.client = DRAClient(side.plugin.dra_socket)
     try:
-        for _ in range(WARMUP):
-            await client.prepare(claims[:1])
-            await client.unprepare(claims[:1])
+
+        def client(side: Side) -> DRAClient:
+            assert side.client is not None
+            return side.client
+
+        for side in sides:
+            for _ in range(WARMUP):
+                await client(side).prepare(side.claims[:1])
+                await client(side).unprepare(side.claims[:1])
         for i in range(iterations):
-            claim = claims[i % len(claims)]
-            result.add("seq-prepare", await client.prepare([claim]))
-            result.add("seq-unprepare", await client.unprepare([claim]))
+            for side in rotated(sides, i):
+                claim = side.claims[i % len(side.claims)]
+                side.result.add("seq-prepare", await client(side).prepare([claim]))
+                side.result.add("seq-unprepare", await client(side).unprepare([claim]))
 
-        async def timed(key: str, calls: Callable[[], Awaitable[Sequence[float]]]) -> None:
-            started = time.perf_counter()
-            for latency in await calls():
-                result.add(key, latency)
-            result.wall[key] = result.wall.get(key, 0.0) + time.perf_counter() - started
-
-        for _ in range(rounds):
-            await timed(
-                "conc-prepare",
-                lambda: asyncio.gather(*(client.prepare([c]) for c in claims)),
-            )
-            await timed(
-                "conc-unprepare",
-                lambda: asyncio.gather(*(client.unprepare([c]) for c in claims)),
-            )
-        for _ in range(rounds):
-            await timed("batch-prepare", lambda: asyncio.gather(client.prepare(claims)))
-            await timed("batch-unprepare", lambda: asyncio.gather(client.unprepare(claims)))
-        plugin.check_alive()
+        for r in range(rounds):
+            for side in rotated(sides, r):
+                await timed(side, "conc-prepare", one_claim_calls, client(side).prepare)
+                await timed(side, "conc-unprepare", one_claim_calls, client(side).unprepare)
+        for r in range(rounds):
+            for side in rotated(sides, r):
+                await timed(side, "batch-prepare", one_call, client(side).prepare)
+                await timed(side, "batch-unprepare", one_call, client(side).unprepare)
+        for side in sides:
+            side.plugin.check_alive()
     finally:
-        await client.close()
-    return result
+        for side in sides:
+            if side.client is not None:
+                await side.client.close()
 
 
-def bench_plugin(
-    api: AdminAPI,
-    plugin: PluginUnderTest,
-    namespace: str,
-    devices: int,
-    claims: int,
-    iterations: int,
-    rounds: int,
-) -> Result:
-    try:
-        delete_slices(api, plugin.node, plugin.driver)  # leftovers of an interrupted run
-        plugin.start()
-        asyncio.run(plugin.register())
-        published = wait_published(api, plugin, devices, SLICE_DEADLINE)
-        refs = allocated_claims(api, namespace, plugin, claims)
-        result = asyncio.run(run_scenarios(plugin, refs, iterations, rounds))
-        if not published:
-            result.note = (
-                f"its {devices} devices were not all published within {SLICE_DEADLINE:.0f}s"
-            )
-        return result
-    finally:
-        plugin.stop()
-        delete_slices(api, plugin.node, plugin.driver)
+Call = Callable[[Sequence[BenchClaim]], Awaitable[float]]
+
+
+async def one_claim_calls(call: Call, claims: list[BenchClaim]) -> list[float]:
+    """One call per claim, all in flight at once; their latencies."""
+    return list(await asyncio.gather(*(call([c]) for c in claims)))
+
+
+async def one_call(call: Call, claims: list[BenchClaim]) -> list[float]:
+    """One call carrying every claim; its latency."""
+    return [await call(claims)]
+
+
+async def timed(
+    side: Side,
+    key: str,
+    how: Callable[[Call, list[BenchClaim]], Awaitable[list[float]]],
+    call: Call,
+) -> None:
+    """One round of ``side``'s claims: the latencies, and the round's wall time."""
+    started = time.perf_counter()
+    for latency in await how(call, side.claims):
+        side.result.add(key, latency)
+    side.result.wall[key] = side.result.wall.get(key, 0.0) + time.perf_counter() - started
+
+
+def start_side(api: AdminAPI, side: Side, namespace: str, devices: int, claims: int) -> None:
+    """Start the plugin, register it, wait for its slices, allocate its claims."""
+    plugin = side.plugin
+    delete_slices(api, plugin.node, plugin.driver)  # leftovers of an interrupted run
+    plugin.start()
+    asyncio.run(plugin.register())
+    if not wait_published(api, plugin, devices, SLICE_DEADLINE):
+        side.result.note = (
+            f"its {devices} devices were not all published within {SLICE_DEADLINE:.0f}s"
+        )
+    side.claims = allocated_claims(api, namespace, plugin, claims)
+
+
+def stop_side(api: AdminAPI, side: Side) -> None:
+    side.plugin.stop()
+    delete_slices(api, side.plugin.node, side.plugin.driver)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -168,57 +207,58 @@ def main(argv: Sequence[str] | None = None) -> None:
         parser.error("--claims must not exceed --devices (every claim gets its own device)")
 
     binary, go_how = (None, "skipped (--no-go)") if args.no_go else go_binary()
-    ours: Result | None = None
-    defaults: Result | None = None
-    go: Result | None = None
     go_error = "" if binary is not None else go_how
     layout = shared_layout()
     with running_cluster(layout) as (cluster, state, _started), cluster.api() as api:
         kubeconfig = Path(state.kubeconfig)
         namespace = bench_namespace(api)
+        started: list[Side] = []
         try:
             with short_workdir() as work:
-                ours = bench_plugin(
-                    api,
+                ours = Side(
                     ours_plugin(
                         work, OUR_DRIVER, BENCH_NODE, args.devices, kubeconfig, flags=AS_GO_FLAGS
-                    ),
-                    namespace,
-                    args.devices,
-                    args.claims,
-                    args.iterations,
-                    args.rounds,
+                    )
                 )
-                defaults = bench_plugin(
-                    api,
+                # Its own driver name: both dradriver plugins publish at once, each its pool.
+                defaults = Side(
                     ours_plugin(
-                        work, OUR_DRIVER, BENCH_NODE, args.devices, kubeconfig, label="defaults"
-                    ),
-                    namespace,
-                    args.devices,
-                    args.claims,
-                    args.iterations,
-                    args.rounds,
+                        work,
+                        DEFAULTS_DRIVER,
+                        BENCH_NODE,
+                        args.devices,
+                        kubeconfig,
+                        label="defaults",
+                    )
                 )
+                for side in (ours, defaults):
+                    started.append(side)
+                    start_side(api, side, namespace, args.devices, args.claims)
+                go: Side | None = None
                 if binary is not None:
                     try:
                         create_fake_node(api, GO_NODE)
-                        go = bench_plugin(
-                            api,
-                            go_plugin(binary, work, GO_NODE, args.devices, kubeconfig),
-                            namespace,
-                            args.devices,
-                            args.claims,
-                            args.iterations,
-                            args.rounds,
-                        )
+                        go = Side(go_plugin(binary, work, GO_NODE, args.devices, kubeconfig))
+                        started.append(go)
+                        start_side(api, go, namespace, args.devices, args.claims)
                     except BenchError as e:
-                        go_error = f"the Go reference failed: {e}"
-                    finally:
-                        delete_node(api, GO_NODE)
+                        go_error, go = f"the Go reference failed: {e}", None
+                sides = [s for s in (ours, defaults, go) if s is not None]
+                asyncio.run(run_interleaved(sides, args.iterations, args.rounds))
         finally:
+            for side in started:
+                stop_side(api, side)
+            if binary is not None:
+                delete_node(api, GO_NODE)
             delete_namespace(api, namespace)
-    report(args, ours, defaults, go, go_how, go_error)
+    report(
+        args,
+        ours.result,
+        defaults.result,
+        go.result if go is not None else None,
+        go_how,
+        go_error,
+    )
 
 
 def report(
