@@ -22,7 +22,6 @@ from devtools.cluster.apply import apply
 from devtools.cluster.helmbin import ensure_helm
 from devtools.cluster.wait import wait_until
 from devtools.manifests import helm_template
-from dradriver.k8s.errors import KubeAPIError
 from dradriver.k8s.paths import RESOURCE_V1, path_for
 
 TEMPLATE = "templates/controller/allocation-finalizer-policy.yaml"
@@ -37,11 +36,9 @@ def rendered() -> list[dict[str, Any]]:
 
 
 def served(api: AdminAPI) -> bool:
-    """Whether the cluster serves MutatingAdmissionPolicy at v1."""
-    try:
-        resources = api.get(f"/apis/{API}").get("resources") or []
-    except KubeAPIError:
-        return False
+    """Whether the cluster serves MutatingAdmissionPolicy at v1 (the group version itself
+    is served by every supported release, so an error here is an error, not a "no")."""
+    resources = api.get(f"/apis/{API}").get("resources") or []
     return any(r.get("kind") == "MutatingAdmissionPolicy" for r in resources)
 
 
