@@ -66,7 +66,6 @@ from bench.common import (
 )
 from bench.controller_allocation import isolated_layout
 from bench.faultproxy import ClaimFaultProxy
-from controller.claims.allocation import ALLOCATION_ANNOTATION, STATUS_ANNOTATION
 from devtools.cluster.api import AdminAPI
 from devtools.cluster.local import LocalCluster, running_cluster
 from devtools.cluster.wait import wait_until
@@ -78,6 +77,7 @@ from devtools.harness.controller import (
     webhook_tls,
 )
 from dradriver.api import parameters as params
+from dradriver.api.wellknown import ALLOCATION_ANNOTATION, STATUS_ANNOTATION
 from dradriver.deviceplugin.server import socket_name
 from dradriver.host.cdi import CDIRegistry
 from dradriver.k8s.errors import KubeAPIError

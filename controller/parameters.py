@@ -6,14 +6,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Literal
 
-from controller.claims.allocation import (
-    IN_USE_FINALIZER,
-    claims_keeping,
-    in_use_message,
-    referenced_parameters,
-)
+from controller.claims.allocation import claims_keeping, in_use_message, referenced_parameters
 from controller.leadership import require_leader
 from dradriver.api import parameters as params
+from dradriver.api.wellknown import IN_USE_FINALIZER
 from dradriver.k8s.client import KubeClient
 from dradriver.k8s.errors import KubeAPIError, is_not_found
 from dradriver.k8s.events import EventRecorder
@@ -29,7 +25,7 @@ class ParametersReconciler:
     """Keeps the ``Valid`` condition and the in-use finalizer of DeviceClaimParameters.
 
     With the claims informer, an object referenced by an allocated claim of this driver
-    carries :data:`~controller.claims.allocation.IN_USE_FINALIZER` until no such claim is left,
+    carries :data:`~dradriver.api.wellknown.IN_USE_FINALIZER` until no such claim is left,
     so deleting it waits for its claims (an ``InUse`` event says which, once). The
     controller must also watch the claims with :func:`parameters_used_by`.
     """

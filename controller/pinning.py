@@ -14,15 +14,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-from controller.claims.allocation import STATUS_ANNOTATION, allocation_of
 from controller.claims.fences import is_fence
 from dradriver.allocator import claim_key
 from dradriver.api import parameters as params
 from dradriver.api import pinnedparameters as pins
+from dradriver.api.wellknown import STATUS_ANNOTATION
 from dradriver.k8s.client import KubeClient
 from dradriver.k8s.errors import KubeAPIError, is_conflict, is_not_found
 from dradriver.k8s.events import EventRecorder
-from dradriver.k8s.objects import Obj, annotations_of, meta
+from dradriver.k8s.objects import Obj, allocation_of, annotations_of, meta
 from dradriver.k8s.paths import RESOURCE_V1, path_for
 from dradriver.log import get_logger
 from dradriver.runtime import Informer, RequeueAfter, split_key

@@ -16,19 +16,14 @@ from typing import Any
 
 from dradriver.allocator import AllocatedState, DeviceID, claim_key
 from dradriver.api import parameters as params
-from dradriver.k8s.objects import Obj, annotations_of, finalizers, meta
+from dradriver.api.wellknown import (
+    ALLOCATION_ANNOTATION,
+    FINALIZER,
+    IMMEDIATE,
+)
+from dradriver.k8s.objects import Obj, allocation_of, annotations_of, finalizers, meta
 from dradriver.k8s.paths import RESOURCE_V1, path_for
 from dradriver.runtime import split_key
-
-ALLOCATION_ANNOTATION = "dradriver.dev/allocation"
-"""``dradriver.dev/allocation: Immediate`` on a claim asks the controller to allocate it."""
-STATUS_ANNOTATION = "dradriver.dev/allocation-status"
-"""Why the controller could not allocate the claim (ResourceClaimStatus has no conditions)."""
-FINALIZER = "dradriver.dev/allocation"
-"""The controller's own finalizer on claims it allocated (flows.md §b)."""
-IN_USE_FINALIZER = "dradriver.dev/in-use"
-"""On a DeviceClaimParameters object while an allocated claim references it."""
-IMMEDIATE = params.AllocationMode.IMMEDIATE.value
 
 Lookup = Callable[[str, str], Obj | None]
 
@@ -37,11 +32,6 @@ def claim_path(key: str) -> str:
     """The REST path of the ResourceClaim ``namespace/name``."""
     namespace, name = split_key(key)
     return path_for(RESOURCE_V1, "resourceclaims", namespace, name)
-
-
-def allocation_of(claim: Mapping[str, Any]) -> Obj | None:
-    value: Obj | None = (claim.get("status") or {}).get("allocation")
-    return value or None
 
 
 def reserved_for(claim: Mapping[str, Any]) -> list[Obj]:

@@ -16,19 +16,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from controller.claims.allocation import (
-    STATUS_ANNOTATION,
-    claim_path,
-    conflicts,
-    reserved_for,
-    should_yield,
-)
+from controller.claims.allocation import claim_path, conflicts, reserved_for, should_yield
 from controller.claims.fencing import Fencing
 from controller.claims.holdings import Holdings
 from controller.claims.scheduler import SchedulerActivity
 from controller.claims.stats import AllocationStats
 from controller.leadership import require_leader
-from dradriver.api.wellknown import CONFLICT_ANNOTATION
+from dradriver.api.wellknown import CONFLICT_ANNOTATION, STATUS_ANNOTATION
 from dradriver.k8s.client import KubeClient
 from dradriver.k8s.events import EventRecorder
 from dradriver.k8s.objects import Obj, annotations_of, revision

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import time
 
-from controller.claims.allocation import allocation_of, claim_path
+from controller.claims.allocation import claim_path
 from dradriver.allocator import AllocatedState
 from dradriver.k8s.client import KubeClient
 from dradriver.k8s.errors import KubeAPIError, is_not_found
-from dradriver.k8s.objects import Obj, meta, revision
+from dradriver.k8s.objects import Obj, allocation_of, meta, revision
 from dradriver.runtime import Informer
 
 

@@ -29,11 +29,8 @@ from typing import Any
 
 from controller.claims import fences
 from controller.claims.allocation import (
-    FINALIZER,
-    STATUS_ANNOTATION,
     Request,
     allocated_node,
-    allocation_of,
     allocation_request,
     claim_path,
     conflicts,
@@ -53,11 +50,12 @@ from controller.leadership import require_leader
 from dradriver.allocator import claim_key, node_info
 from dradriver.allocator.core import OUT_OF_TIME
 from dradriver.api import parameters as params
-from dradriver.api.wellknown import CONFLICT_ANNOTATION
+from dradriver.api.wellknown import CONFLICT_ANNOTATION, FINALIZER, STATUS_ANNOTATION
 from dradriver.k8s.client import KubeClient
 from dradriver.k8s.events import EventRecorder
 from dradriver.k8s.objects import (
     Obj,
+    allocation_of,
     annotations_of,
     finalizers,
     meta,

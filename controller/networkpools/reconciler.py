@@ -26,7 +26,7 @@ from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from controller.claims.allocation import allocated_node, allocation_of, reserved_for
+from controller.claims.allocation import allocated_node, reserved_for
 from controller.claims.fences import is_fence
 from controller.networkpools.attach import (
     AttachBackend,
@@ -42,7 +42,7 @@ from dradriver.k8s.client import KubeClient
 from dradriver.k8s.errors import KubeAPIError
 from dradriver.k8s.events import EventRecorder
 from dradriver.k8s.limits import MAX_DEVICES_PER_SLICE_WITH_TAINTS_OR_COUNTERS
-from dradriver.k8s.objects import Obj, finalizers, meta
+from dradriver.k8s.objects import Obj, allocation_of, finalizers, meta
 from dradriver.k8s.paths import RESOURCE_V1, path_for
 from dradriver.log import get_logger
 from dradriver.resourceslice.pool import (

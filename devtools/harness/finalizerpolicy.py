@@ -16,12 +16,12 @@ from typing import Any
 
 import yaml
 
-from controller.claims.allocation import ALLOCATION_ANNOTATION, FINALIZER, IMMEDIATE
 from devtools.cluster.api import AdminAPI
 from devtools.cluster.apply import apply
 from devtools.cluster.helmbin import ensure_helm
 from devtools.cluster.wait import wait_until
 from devtools.manifests import helm_template
+from dradriver.api.wellknown import ALLOCATION_ANNOTATION, FINALIZER, IMMEDIATE
 from dradriver.k8s.paths import RESOURCE_V1, path_for
 
 TEMPLATE = "templates/controller/allocation-finalizer-policy.yaml"

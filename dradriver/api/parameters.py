@@ -45,7 +45,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 
 from dradriver import DEFAULT_DRIVER_NAME
-from dradriver.api import group
+from dradriver.api import group, wellknown
 from dradriver.api.crdgen import CRDKind
 from dradriver.api.deviceconfig import DeviceConfig, DeviceConfigError, parse_device_config
 from dradriver.errors import FieldError, FieldErrors, from_validation_error, under
@@ -80,7 +80,7 @@ class ParametersError(FieldErrors):
 
 
 class AllocationMode(StrEnum):
-    IMMEDIATE = "Immediate"
+    IMMEDIATE = wellknown.IMMEDIATE
     WAIT_FOR_FIRST_CONSUMER = "WaitForFirstConsumer"
 
 

@@ -1,4 +1,5 @@
-"""Annotations dradriver puts on ResourceClaims that more than one component reads."""
+"""Names dradriver puts on Kubernetes objects that more than one component reads
+(the controller, the node plugin, the chart, devtools and bench): one definition each."""
 
 from __future__ import annotations
 
@@ -6,3 +7,15 @@ CONFLICT_ANNOTATION = "dradriver.dev/allocation-conflict"
 """On a claim the controller allocated that turned out to share a device with another claim
 (the scheduler allocated it in the same instant): the claim is held, unusable, until the
 device is free, then allocated again. The node plugin refuses to prepare it."""
+
+ALLOCATION_ANNOTATION = "dradriver.dev/allocation"
+"""``dradriver.dev/allocation: Immediate`` on a claim asks the controller to allocate it."""
+IMMEDIATE = "Immediate"
+"""The value of :data:`ALLOCATION_ANNOTATION` that asks for immediate allocation (the
+``Immediate`` of ``DeviceClaimParameters.spec.allocationMode``)."""
+STATUS_ANNOTATION = "dradriver.dev/allocation-status"
+"""Why the controller could not allocate the claim (ResourceClaimStatus has no conditions)."""
+FINALIZER = "dradriver.dev/allocation"
+"""The controller's own finalizer on claims it allocated (flows.md §b)."""
+IN_USE_FINALIZER = "dradriver.dev/in-use"
+"""On a DeviceClaimParameters object while an allocated claim references it."""

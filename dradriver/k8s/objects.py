@@ -50,6 +50,12 @@ def finalizers(obj: Mapping[str, Any]) -> list[str]:
     return list(meta(obj).get("finalizers") or [])
 
 
+def allocation_of(claim: Mapping[str, Any]) -> Obj | None:
+    """A ResourceClaim's ``status.allocation``; None when it is missing or empty."""
+    value: Obj | None = (claim.get("status") or {}).get("allocation")
+    return value or None
+
+
 def revision(obj: Mapping[str, Any]) -> int:
     """``metadata.resourceVersion`` as a number, 0 when unset or not numeric.
 

@@ -17,13 +17,13 @@ import pytest
 import yaml
 from cryptography import x509
 
-from controller.claims.allocation import ALLOCATION_ANNOTATION, FINALIZER, IMMEDIATE
 from devtools import manifests
 from devtools.cluster import chartvalues
 from devtools.cluster.config import Layout
 from devtools.manifests import CHART, helm_template
 from dradriver import cel
 from dradriver.api.networkpool import NetworkDevicePoolSpec
+from dradriver.api.wellknown import ALLOCATION_ANNOTATION, FINALIZER, IMMEDIATE
 from dradriver.devices.config import DriverConfig, parse_config
 from dradriver.devices.sources import build_sources, discover_all
 from dradriver.webhook import registration

@@ -22,7 +22,6 @@ from pathlib import Path
 import pytest
 
 from controller.claims import fences as fence
-from controller.claims.allocation import ALLOCATION_ANNOTATION, FINALIZER, STATUS_ANNOTATION
 from controller.claims.stages import METRIC as STAGE_METRIC
 from devtools.cluster.api import AdminAPI
 from devtools.cluster.gates import apiserver_gates, why_off
@@ -38,7 +37,12 @@ from devtools.harness.controller import (
 )
 from devtools.harness.nodeplugin import NodePlugin, node_slices, start_node_plugin, wait_for_slices
 from dradriver.api import parameters as params
-from dradriver.api.wellknown import CONFLICT_ANNOTATION
+from dradriver.api.wellknown import (
+    ALLOCATION_ANNOTATION,
+    CONFLICT_ANNOTATION,
+    FINALIZER,
+    STATUS_ANNOTATION,
+)
 from dradriver.k8s.client import KubeClient, connection_from_files
 from dradriver.k8s.objects import Obj
 from dradriver.k8s.paths import RESOURCE_V1, path_for

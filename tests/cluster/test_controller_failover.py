@@ -18,12 +18,11 @@ from pathlib import Path
 
 import pytest
 
-from controller.claims.allocation import FINALIZER, STATUS_ANNOTATION
 from devtools.cluster.api import AdminAPI
 from devtools.cluster.local import LocalCluster
 from devtools.cluster.wait import wait_until
 from devtools.harness.controller import NAMESPACE, ControllerProcess, controller_kubeconfig
-from dradriver.api.wellknown import CONFLICT_ANNOTATION
+from dradriver.api.wellknown import CONFLICT_ANNOTATION, FINALIZER, STATUS_ANNOTATION
 from dradriver.k8s.objects import Obj
 from dradriver.k8s.paths import RESOURCE_V1, path_for
 from tests.cluster.test_controller_allocation import DEADLINE, Rig, describe, devices_of

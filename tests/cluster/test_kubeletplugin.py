@@ -15,7 +15,6 @@ import httpx
 import pytest
 import yaml
 
-from controller.claims.allocation import ALLOCATION_ANNOTATION
 from devtools.cluster.api import AdminAPI
 from devtools.cluster.gates import apiserver_gates, kubelet_gates, why_off
 from devtools.cluster.kubeletstate import kubelet_cdi_ids as read_kubelet_cdi_ids
@@ -24,6 +23,7 @@ from devtools.cluster.wait import wait_until
 from devtools.harness.controller import install_crds, namespaced_controller
 from devtools.harness.nodeplugin import NodePlugin, free_port, node_slices, start_node_plugin
 from dradriver.api import parameters as params
+from dradriver.api.wellknown import ALLOCATION_ANNOTATION
 from dradriver.devices.model import Device
 from dradriver.devices.static import create_mock_device
 from dradriver.host.cdi import CDIDevice, CDIRegistry

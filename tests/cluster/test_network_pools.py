@@ -15,7 +15,6 @@ from pathlib import Path
 import pytest
 import yaml
 
-from controller.claims.allocation import ALLOCATION_ANNOTATION
 from devtools.cluster.api import AdminAPI
 from devtools.cluster.gates import apiserver_gates, why_off
 from devtools.cluster.local import LocalCluster
@@ -23,6 +22,7 @@ from devtools.cluster.wait import wait_until
 from devtools.harness.controller import ControllerProcess, namespaced_controller
 from devtools.harness.nodeplugin import NodePlugin, start_node_plugin
 from dradriver.api import networkpool as net
+from dradriver.api.wellknown import ALLOCATION_ANNOTATION
 from dradriver.k8s.objects import Obj
 from dradriver.k8s.paths import RESOURCE_V1 as R
 from dradriver.k8s.paths import path_for

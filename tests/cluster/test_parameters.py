@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 
-from controller.claims.allocation import IN_USE_FINALIZER
 from devtools.cluster.api import AdminAPI
 from devtools.cluster.local import LocalCluster
 from devtools.cluster.wait import wait_until
@@ -21,6 +20,7 @@ from devtools.harness.controller import (
     namespaced_controller,
 )
 from dradriver.api import parameters as params
+from dradriver.api.wellknown import IN_USE_FINALIZER
 from dradriver.k8s.errors import KubeAPIError
 from dradriver.k8s.objects import Obj
 from dradriver.k8s.paths import RESOURCE_V1, path_for

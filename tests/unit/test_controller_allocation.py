@@ -10,9 +10,6 @@ from typing import Any, cast
 import pytest
 
 from controller.claims.allocation import (
-    ALLOCATION_ANNOTATION,
-    FINALIZER,
-    IN_USE_FINALIZER,
     allocation_request,
     claims_keeping,
     conflicts,
@@ -29,6 +26,7 @@ from controller.parameters import ParametersReconciler, parameters_used_by
 from dradriver.allocator import AllocatedState, Allocator, SliceInventory
 from dradriver.api import parameters as params
 from dradriver.api.opaqueconfig import effective_configs
+from dradriver.api.wellknown import ALLOCATION_ANNOTATION, FINALIZER, IN_USE_FINALIZER
 from dradriver.k8s.errors import KubeAPIError, is_conflict
 from dradriver.k8s.objects import Obj
 from dradriver.k8s.paths import path_for

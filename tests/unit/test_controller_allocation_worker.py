@@ -11,10 +11,10 @@ from typing import Any, cast
 
 import pytest
 
-from controller.claims.allocation import ALLOCATION_ANNOTATION, FINALIZER, STATUS_ANNOTATION
 from controller.claims.reconciler import ClaimReconciler
 from controller.claims.worker import AllocationJob, AllocationWorker, Inventory
 from dradriver.allocator import AllocatedState, node_info
+from dradriver.api.wellknown import ALLOCATION_ANNOTATION, FINALIZER, STATUS_ANNOTATION
 from dradriver.k8s.objects import Obj
 from dradriver.k8s.paths import RESOURCE_V1, path_for
 from dradriver.runtime import RequeueAfter

@@ -11,10 +11,10 @@ from typing import Any, cast
 
 import pytest
 
-from controller.claims.allocation import ALLOCATION_ANNOTATION, FINALIZER
 from controller.claims.reconciler import EVENTS_IN_FLIGHT, ClaimReconciler
 from controller.claims.worker import AllocationJob, AllocationWorker, run_batch
 from dradriver.allocator import AllocatedState, Allocator, SliceInventory, node_info
+from dradriver.api.wellknown import ALLOCATION_ANNOTATION, FINALIZER
 from dradriver.k8s.errors import KubeAPIError
 from dradriver.k8s.objects import Obj
 from tests.fakes.apiserver import FakeAPIServer

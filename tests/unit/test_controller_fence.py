@@ -11,10 +11,14 @@ from typing import Any, cast
 import pytest
 
 from controller.claims import fences as fence
-from controller.claims.allocation import ALLOCATION_ANNOTATION, FINALIZER, STATUS_ANNOTATION
 from controller.claims.reconciler import ClaimReconciler
 from dradriver.allocator import AllocatedState, DeviceID
-from dradriver.api.wellknown import CONFLICT_ANNOTATION
+from dradriver.api.wellknown import (
+    ALLOCATION_ANNOTATION,
+    CONFLICT_ANNOTATION,
+    FINALIZER,
+    STATUS_ANNOTATION,
+)
 from dradriver.k8s.objects import Obj, revision
 from dradriver.k8s.paths import RESOURCE_V1, path_for
 from dradriver.runtime import RequeueAfter

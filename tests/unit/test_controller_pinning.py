@@ -14,10 +14,10 @@ from typing import Any, cast
 
 import pytest
 
-from controller.claims.allocation import STATUS_ANNOTATION
 from controller.pinning import ParametersPinReconciler, claims_referencing
 from dradriver.api import parameters as params
 from dradriver.api import pinnedparameters as pins
+from dradriver.api.wellknown import STATUS_ANNOTATION
 from dradriver.k8s.client import KubeClient
 from dradriver.k8s.objects import Obj
 from dradriver.runtime import Informer, RequeueAfter

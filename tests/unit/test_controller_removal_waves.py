@@ -10,9 +10,9 @@ from typing import Any, cast
 
 import pytest
 
-from controller.claims.allocation import FINALIZER
 from controller.claims.reconciler import ClaimReconciler
 from controller.claims.scheduler import SchedulerActivity
+from dradriver.api.wellknown import FINALIZER
 from dradriver.k8s.objects import Obj
 from dradriver.k8s.paths import RESOURCE_V1, path_for
 from dradriver.runtime import RequeueAfter
