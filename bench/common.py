@@ -40,6 +40,7 @@ from devtools.cluster.binaries import cache_root
 from devtools.cluster.config import Layout, default_state_dir, parse_runtime
 from devtools.cluster.process import ManagedProcess, ProcessDied, log_tail
 from devtools.cluster.wait import wait_until
+from devtools.paths import REPO
 from dradriver.k8s.errors import KubeAPIError
 from dradriver.k8s.objects import Obj
 from dradriver.k8s.paths import RESOURCE_V1, path_for
@@ -293,6 +294,30 @@ def ours_plugin(
         device_prefix="dev",
         readyz=f"http://127.0.0.1:{port}/readyz",
     )
+
+
+def baseline_source(revision: str, into: Path) -> Path:
+    """dradriver's sources at git ``revision`` (a commit of this repository), unpacked into
+    ``into/src`` with their gRPC stubs generated, for a plugin run from them (PYTHONPATH).
+
+    The 'before' side of a benchmark that compares a change with the code it replaces in
+    one run; only the product packages are taken, the environment is this one's."""
+    src = into / "src"
+    src.mkdir(parents=True, exist_ok=True)
+    archive = subprocess.run(
+        ["git", "-C", str(REPO), "archive", revision, "dradriver", "kubeletplugin"],
+        check=True,
+        capture_output=True,
+    ).stdout
+    subprocess.run(["tar", "-x", "-C", str(src)], input=archive, check=True)
+    subprocess.run(
+        [sys.executable, "-m", "dradriver.kubeletapi.generate"],
+        cwd=src,
+        env={**os.environ, "PYTHONPATH": str(src)},
+        check=True,
+        capture_output=True,
+    )
+    return src
 
 
 def go_plugin(

@@ -1,7 +1,7 @@
 """NodePrepareResources / NodeUnprepareResources latency through the real gRPC socket.
 
-Run with ``python -m bench.prepare [--iterations N] [--rounds N] [--no-go]``. Uses the local
-cluster (reuses a running one, else starts one and stops it afterwards).
+Run with ``python -m bench.prepare [--iterations N] [--rounds N] [--no-go] [--baseline REV]``.
+Uses the local cluster (reuses a running one, else starts one and stops it afterwards).
 
 The benchmark plays the kubelet: it starts the plugin under test as a process with its own
 kubelet root dir, registers it (GetInfo, NotifyRegistrationStatus), creates ResourceClaims
@@ -24,6 +24,10 @@ so the cost of those features stays in sight. The three plugins run at the same 
 turns: one sequential iteration, or one round, each, the first of each turn rotating, so the
 shared machine's slow spells fall on every side alike (run one after the other, Go's p50 of
 the 100-concurrent-calls scenario moved between 108 and 180 ms from one run to the next).
+
+``--baseline REV`` adds a fourth plugin: "ours" (as Go) from the sources of git revision REV
+(driver ``before.bench.dradriver.dev``), taking turns with the others, so a change is
+measured against the code it replaces in the same run.
 """
 
 from __future__ import annotations
@@ -47,6 +51,7 @@ from bench.common import (
     DRAClient,
     PluginUnderTest,
     allocated_claims,
+    baseline_source,
     bench_namespace,
     create_fake_node,
     delete_namespace,
@@ -70,6 +75,7 @@ CLUSTER = "shared"  # the running local cluster, or one it starts (bench/__init_
 
 OUR_DRIVER = "bench.dradriver.dev"
 DEFAULTS_DRIVER = "defaults.bench.dradriver.dev"
+BEFORE_DRIVER = "before.bench.dradriver.dev"
 GO_NODE = "bench-go-node"
 WARMUP = 5
 SLICE_DEADLINE = 60.0
@@ -202,6 +208,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--claims", type=int, default=100, help="claims per concurrent round")
     parser.add_argument("--devices", type=int, default=128, help="devices per plugin")
     parser.add_argument("--no-go", action="store_true", help="skip the Go reference")
+    parser.add_argument(
+        "--baseline",
+        metavar="REV",
+        help="also run 'ours' from the sources of git revision REV (a 'before' column)",
+    )
     args = parser.parse_args(argv)
     if args.claims > args.devices:
         parser.error("--claims must not exceed --devices (every claim gets its own device)")
@@ -231,7 +242,24 @@ def main(argv: Sequence[str] | None = None) -> None:
                         label="defaults",
                     )
                 )
-                for side in (ours, defaults):
+                before: Side | None = None
+                if args.baseline:
+                    src = baseline_source(args.baseline, work / "baseline")
+                    before = Side(
+                        ours_plugin(
+                            work,
+                            BEFORE_DRIVER,
+                            BENCH_NODE,
+                            args.devices,
+                            kubeconfig,
+                            flags=AS_GO_FLAGS,
+                            label="before",
+                        )
+                    )
+                    before.plugin.env["PYTHONPATH"] = str(src)
+                for side in (ours, defaults, before):
+                    if side is None:
+                        continue
                     started.append(side)
                     start_side(api, side, namespace, args.devices, args.claims)
                 go: Side | None = None
@@ -243,7 +271,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                         start_side(api, go, namespace, args.devices, args.claims)
                     except BenchError as e:
                         go_error, go = f"the Go reference failed: {e}", None
-                sides = [s for s in (ours, defaults, go) if s is not None]
+                sides = [s for s in (ours, defaults, go, before) if s is not None]
                 asyncio.run(run_interleaved(sides, args.iterations, args.rounds))
         finally:
             for side in started:
@@ -258,6 +286,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         go.result if go is not None else None,
         go_how,
         go_error,
+        before.result if before is not None else None,
     )
 
 
@@ -268,6 +297,7 @@ def report(
     go: Result | None,
     go_how: str,
     go_error: str,
+    before: Result | None = None,
 ) -> None:
     assert ours is not None and defaults is not None
     print(
@@ -306,8 +336,19 @@ def report(
                 ratio(o99, g99),
                 ms(defaults.p(key, 0.5)),
                 ms(defaults.p(key, 0.99)),
+                *(
+                    [
+                        ms(before.p(key, 0.5)),
+                        ms(before.p(key, 0.99)),
+                        ratio(o50, before.p(key, 0.5)),
+                    ]
+                    if before is not None
+                    else []
+                ),
             ]
         )
+    if before is not None:
+        print(f"before: 'ours' from the sources of {args.baseline}, driver {BEFORE_DRIVER}")
     print()
     print(
         table(
@@ -321,6 +362,7 @@ def report(
                 "ours/go p99",
                 "defaults p50",
                 "defaults p99",
+                *(["before p50", "before p99", "ours/before p50"] if before is not None else []),
             ],
             rows,
         )
