@@ -55,6 +55,7 @@ lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/lint-imports
+	$(BIN)/python -m devtools.shape
 
 typecheck: install
 	$(BIN)/mypy

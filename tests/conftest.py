@@ -40,6 +40,7 @@ from devtools.cluster.config import (
 from devtools.cluster.local import LocalCluster, running_cluster
 
 TIERS = ("unit", "grpc", "fuzz", "chart", "cluster")
+UNIT_DIRS = ("devtools",)  # tests of the dev tooling and the benches' logic: unit tier
 
 settings.register_profile(
     "fuzz",
@@ -57,6 +58,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         for tier in TIERS:
             if tier in parts:
                 item.add_marker(getattr(pytest.mark, tier))
+        if any(d in parts for d in UNIT_DIRS) and "unit" not in parts:
+            item.add_marker(pytest.mark.unit)
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,1 @@
+"""Tests of the dev tooling (devtools/) and of the benchmarks' own logic (unit tier)."""
