@@ -90,9 +90,7 @@ def check(root: Path) -> tuple[list[Finding], list[str]]:
     """(findings not excepted, excepted places that are within the limits now)."""
     allowed = exceptions(root / "pyproject.toml")
     findings = [
-        f
-        for path in product_files(root)
-        for f in measure(path, path.relative_to(root).as_posix())
+        f for path in product_files(root) for f in measure(path, path.relative_to(root).as_posix())
     ]
     over = [f for f in findings if f.where not in allowed]
     found = {f.where for f in findings}
