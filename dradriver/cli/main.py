@@ -9,6 +9,7 @@ from importlib.metadata import entry_points
 from typing import Any
 
 from dradriver import __version__
+from dradriver.cli import configimport
 from dradriver.log import configure
 
 
@@ -73,6 +74,7 @@ def build_parser(plugins: Sequence[Any]) -> argparse.ArgumentParser:
         'DeviceClasses name (device.driver == "...")',
     )
     explain.set_defaults(func=cmd_explain)
+    configimport.register(sub)
     for plugin in plugins:
         plugin.register(sub)
     if not plugins:
