@@ -182,11 +182,17 @@ class HostMount(BaseModel):
         return self
 
 
+def _some_nodes(nodes: tuple[HostNodeConfig, ...]) -> tuple[HostNodeConfig, ...]:
+    if not nodes:
+        raise ValueError("no nodes; add at least one, e.g. [{path: /dev/kvm}]")
+    return nodes
+
+
 class HostSourceConfig(DeviceProperties):
     """One profile: host device nodes that make devices, and how they are shared."""
 
     name: Annotated[str, AfterValidator(lambda v: names.validate_dns_label(v, "name"))]
-    nodes: tuple[HostNodeConfig, ...] = Field(min_length=1)
+    nodes: Annotated[tuple[HostNodeConfig, ...], AfterValidator(_some_nodes)]
     share: int | None = Field(default=None, ge=1, le=MAX_SHARE)
     identity: IdentityMode = "auto"
     usb: tuple[UsbMatcher, ...] = ()
