@@ -156,6 +156,7 @@ class HotplugWatcher:
         self._wd_of: dict[str, int] = {}  # watched directory -> watch descriptor
         self._dirs_of: dict[int, set[str]] = {}  # watch descriptor -> watched directories
         self._keys_of: dict[str, set[str]] = {}  # watched directory -> keys to rescan
+        self._removed: set[int] = set()  # watches removed here: their IN_IGNORED is no loss
         self._standins: set[str] = set()  # watched for a wanted directory missing below it
         self._pending: set[str] = set()
         self._timer: asyncio.TimerHandle | None = None
@@ -191,6 +192,7 @@ class HotplugWatcher:
             self._inotify = None
         self._wd_of.clear()
         self._dirs_of.clear()
+        self._removed.clear()
         self._keys_of.clear()
 
     def _rebuild(self) -> None:
@@ -227,6 +229,7 @@ class HotplugWatcher:
             self._dirs_of.pop(wd, None)
             if remove:
                 self._inotify.rm_watch(wd)
+                self._removed.add(wd)
 
     def _on_readable(self) -> None:
         assert self._inotify is not None
@@ -241,6 +244,9 @@ class HotplugWatcher:
         """Note the keys the events concern and start the debounce timer."""
         rebuild = False
         for event in events:
+            if event.mask & IN_IGNORED and event.wd in self._removed:
+                self._removed.discard(event.wd)
+                continue
             if event.mask & (IN_Q_OVERFLOW | IN_IGNORED):
                 if event.mask & IN_IGNORED and event.wd in self._dirs_of:
                     for directory in list(self._dirs_of[event.wd]):
