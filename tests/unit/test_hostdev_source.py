@@ -421,3 +421,35 @@ def test_profiles_publish_together_through_discover_all(tmp_path: Path) -> None:
     ]
 
     assert [d.name for d in discover_all(sources)] == ["fuse-0", "fuse-1", "kvm"]
+
+
+def test_raw_usb_nodes_by_vendor_under_a_glob_directory(host: FakeHost) -> None:
+    """/dev/bus/usb/<bus>/<dev>: the node's own sysfs directory is the USB device."""
+    for bus, dev, product in (("001", 2, "0002"), ("002", 5, "0003")):
+        node = host.dev / "bus" / "usb" / bus / f"{dev:03}"
+        node.parent.mkdir(parents=True, exist_ok=True)
+        minor = int(bus) * 128 + dev
+        os.mknod(node, stat.S_IFCHR | 0o600, os.makedev(MAJOR, minor))
+        usb_dir = host.sys / "devices" / "pci0000:00" / f"usb{int(bus)}" / f"{int(bus)}-1"
+        usb_dir.mkdir(parents=True)
+        for file, text in (("idVendor", "1d6b"), ("idProduct", product), ("serial", "S" + bus)):
+            (usb_dir / file).write_text(text + "\n")
+        (usb_dir / "busnum").write_text(f"{int(bus)}\n")
+        (usb_dir / "devpath").write_text("1\n")
+        (host.sys / "class" / "usb").mkdir(parents=True, exist_ok=True)
+        (usb_dir / "subsystem").symlink_to(host.sys / "class" / "usb")
+        (host.sys / "dev" / "char" / f"{MAJOR}:{minor}").symlink_to(usb_dir)
+    config = host.config(
+        name="hub",
+        nodes=[{"path": "/dev/bus/usb/*/*"}],
+        usb=[{"vendor": "0x1d6b", "product": "0x0003"}],
+    )
+    source = HostDeviceSource("s", config)
+
+    (device,) = source.discover()
+
+    assert _string(device, "identity") == "serial:1d6b:0003:S002"
+    assert _string(device, "path") == "/dev/bus/usb/002/005"
+    assert (_string(device, "subsystem"), _string(device, "busPath")) == ("usb", "2-1")
+    assert str(host.dev / "bus" / "usb" / "*") in source.watch_dirs()
+    assert str(host.dev / "serial" / "by-id") in source.watch_dirs()

@@ -17,6 +17,7 @@ from dradriver.devices.hostdev.watch import (
     IN_Q_OVERFLOW,
     HotplugWatcher,
     RawEvent,
+    directories_to_watch,
     nearest_existing,
     parse_events,
 )
@@ -218,3 +219,21 @@ def test_a_hot_plugged_device_is_found_by_the_rescan_the_watcher_asks_for(tmp_pa
             watcher.close()
 
     asyncio.run(main())
+
+
+def test_a_glob_directory_is_watched_in_every_directory_it_matches(tmp_path: Path) -> None:
+    usb = tmp_path / "bus" / "usb"
+    (usb / "001").mkdir(parents=True)
+    targets, standins = directories_to_watch(str(usb / "*"))
+    assert (targets, standins) == ({str(usb), str(usb / "001")}, {str(usb)})
+
+    async def test(calls: Calls, watcher: HotplugWatcher) -> None:
+        watcher.watch("usb", [str(usb / "*")])
+        watcher.start()
+        (usb / "002").mkdir()  # a new bus: watched from now on
+        assert await calls.next() == {"usb"}
+        assert watcher.watched == {str(usb), str(usb / "001"), str(usb / "002")}
+        _node(usb / "002" / "003")
+        assert await calls.next() == {"usb"}
+
+    _run(test)

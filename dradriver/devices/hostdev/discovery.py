@@ -153,19 +153,21 @@ class _Links:
     by_path: dict[str, list[str]]
 
 
-def _candidates(
-    config: HostSourceConfig, primary: Member, facts: _Facts, links: _Links
-) -> ident.Candidates:
+def _candidates(primary: Member, facts: _Facts, links: _Links) -> ident.Candidates:
     by_id = links.by_id.get(primary.host_path, [None])[0]
-    if os.path.dirname(primary.dev_path) in {f"/dev/{d}" for d in sysfs.BY_ID_DIRS}:
-        by_id = os.path.basename(primary.dev_path)  # the link the profile matched
+    by_path = links.by_path.get(primary.host_path, [None])[0]
+    matched_in = os.path.dirname(primary.dev_path)  # a link the profile matched comes first
+    if matched_in in {f"/dev/{d}" for d in sysfs.BY_ID_DIRS}:
+        by_id = os.path.basename(primary.dev_path)
+    elif matched_in in {f"/dev/{d}" for d in sysfs.BY_PATH_DIRS}:
+        by_path = os.path.basename(primary.dev_path)
     usb = facts.usb
     serial = None if usb is None else ident.usb_serial_identity(usb.vendor, usb.product, usb.serial)
     return ident.Candidates(
         path=primary.dev_path,
         by_id=by_id,
         serial=serial,
-        by_path=links.by_path.get(primary.host_path, [None])[0],
+        by_path=by_path,
     )
 
 
@@ -195,7 +197,7 @@ def scan(config: HostSourceConfig) -> Scan:
             identity = ident.Identity("path", primary.dev_path)
             name = config.name
         else:
-            found = ident.choose(config.identity, _candidates(config, primary, facts, links))
+            found = ident.choose(config.identity, _candidates(primary, facts, links))
             if found is None:
                 result.problems[primary.dev_path] = f"has no {config.identity} identity"
                 continue

@@ -66,7 +66,8 @@ def device_for(config: HostSourceConfig, found: discovery.Found) -> Device:
 
 
 def watch_dirs(config: HostSourceConfig) -> set[str]:
-    """Directories (on disk) whose entries decide the profile's devices and identities."""
+    """Directories (on disk; globs for glob directories) whose entries decide the profile's
+    devices and identities."""
     dirs = {os.path.dirname(config.on_disk(node.path)) for node in config.nodes}
     for link_dir in (*BY_ID_DIRS, *BY_PATH_DIRS):
         dirs.add(os.path.join(config.dev_root, link_dir))

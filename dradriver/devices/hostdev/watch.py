@@ -9,7 +9,9 @@ Invariants:
   fires are merged.
 * A directory that does not exist yet is watched through its nearest existing ancestor;
   when a component appears the watches move down, and the owner rescans (entries made
-  before the new watch existed are found by that rescan).
+  before the new watch existed are found by that rescan). A wanted directory with glob
+  components (``/dev/bus/usb/*``) is its literal part plus every directory matching now,
+  looked up again after each event in one of the directories above the last component.
 * A queue overflow or a watch the kernel dropped (``IN_IGNORED``: the directory went away)
   means events were or may be lost: every key is rescanned once and the watches rebuilt.
 * Only the directories are read, never the devices; nothing here opens a device node.
@@ -22,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import errno
+import glob
 import os
 import struct
 from collections.abc import Callable, Iterable
@@ -89,6 +92,29 @@ def nearest_existing(path: str) -> str:
             break
         current = parent
     return current
+
+
+def directories_to_watch(wanted: str) -> tuple[set[str], set[str]]:
+    """The directories to watch for ``wanted`` (which may have glob components), and those
+    of them that stand in for directories not there yet (an event there means: look again).
+
+    ``/dev/bus/usb/*`` is watched as ``/dev/bus/usb`` (a stand-in: new bus directories
+    appear there) and every existing ``/dev/bus/usb/<bus>``.
+    """
+    wanted = os.path.abspath(wanted)
+    if not glob.has_magic(wanted):
+        target = nearest_existing(wanted)
+        return {target}, ({target} if target != wanted else set())
+    parts = wanted.split(os.sep)
+    first = next(i for i, part in enumerate(parts) if glob.has_magic(part))
+    literal = nearest_existing(os.sep.join(parts[:first]) or os.sep)
+    targets, standins = {literal}, {literal}
+    for end in range(first + 1, len(parts) + 1):
+        matches = {d for d in glob.glob(os.sep.join(parts[:end])) if os.path.isdir(d)}
+        targets |= matches
+        if end < len(parts):
+            standins |= matches
+    return targets, standins
 
 
 class Inotify:
@@ -199,13 +225,13 @@ class HotplugWatcher:
         """Watch each wanted directory, or its nearest existing ancestor; drop the rest."""
         assert self._inotify is not None
         keys_of: dict[str, set[str]] = {}
-        standins = set()
+        standins: set[str] = set()
         for key, dirs in self._wanted.items():
-            for directory in dirs:
-                target = nearest_existing(directory)
-                keys_of.setdefault(target, set()).add(key)
-                if target != directory:
-                    standins.add(target)
+            for wanted in dirs:
+                targets, stand_in = directories_to_watch(wanted)
+                for target in targets:
+                    keys_of.setdefault(target, set()).add(key)
+                standins |= stand_in
         for directory in set(self._wd_of) - set(keys_of):
             self._forget(directory, remove=True)
         for directory in set(keys_of) - set(self._wd_of):
