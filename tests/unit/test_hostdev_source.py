@@ -323,10 +323,10 @@ def test_a_match_without_the_identity_asked_for_is_skipped_with_one_warning(
     (host.dev / "ttyS-notes").write_text("not a device")
     config = host.config(name="s", nodes=[{"path": "/dev/ttyS*"}], identity="byId")
     source = HostDeviceSource("s", config)
-    logger = logging.getLogger("dradriver.devices.hostdev")
+    logger = logging.getLogger("dradriver.devices.health")
     logger.addHandler(caplog.handler)
     try:
-        with caplog.at_level(logging.WARNING, logger="dradriver.devices.hostdev"):
+        with caplog.at_level(logging.WARNING, logger="dradriver.devices.health"):
             assert source.discover() == []
             assert source.discover() == []
     finally:

@@ -12,6 +12,7 @@ Invariants:
 
 :meth:`HostDeviceSource.discover` is the :class:`~dradriver.devices.sources.DeviceSource`
 call (it rescans); :meth:`HostDeviceSource.watch_dirs` tells a hot-plug watcher where to look.
+Its records go to the ``devices.health`` logger: logger names are a pinned user contract.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from dradriver.devices.model import Device, DeviceProperties
 from dradriver.host.containeredits import ContainerEdits, DeviceNode, Mount
 from dradriver.log import get_logger
 
-log = get_logger("devices.hostdev")
+log = get_logger("devices.health")
 
 READ_ONLY_MOUNT_OPTIONS = ("ro", "nosuid", "nodev", "bind")
 
