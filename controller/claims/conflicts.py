@@ -16,12 +16,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from controller.claims.allocation import claim_path, conflicts, reserved_for, should_yield
-from controller.claims.fencing import Fencing
+from controller.claims.fence_lifecycle import Fencing
 from controller.claims.holdings import Holdings
 from controller.claims.scheduler import SchedulerActivity
+from controller.claims.shared_devices import conflicts, should_yield
 from controller.claims.stats import AllocationStats
 from controller.leadership import require_leader
+from controller.resourceclaims import claim_path, reserved_for
 from dradriver.api.wellknown import CONFLICT_ANNOTATION, STATUS_ANNOTATION
 from dradriver.k8s.client import KubeClient
 from dradriver.k8s.events import EventRecorder

@@ -10,13 +10,14 @@ owns, one concept each:
   busy or quiet, which times our writes;
 * :class:`~controller.claims.conflicts.ConflictHold`: our claim found sharing a device
   with another claim is held, then given back and allocated again;
-* :class:`~controller.claims.fencing.Fencing`: fence claims repair the scheduler's
+* :class:`~controller.claims.fence_lifecycle.Fencing`: fence claims repair the scheduler's
   allocated-device set after a device loses one of two holders;
 * :class:`~controller.claims.worker.AllocationWorker`: the allocator's search, in a child
   process within a wall-clock budget, so that it never blocks the event loop.
 
-The pure parts are in :mod:`controller.claims.allocation` and
-:mod:`controller.claims.fences`.
+The pure parts are in :mod:`controller.claims.request`,
+:mod:`controller.claims.pinned_config`, :mod:`controller.claims.shared_devices` and
+:mod:`controller.claims.fence_rules`.
 """
 
 from __future__ import annotations
@@ -27,26 +28,19 @@ from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from controller.claims import fences
-from controller.claims.allocation import (
-    Request,
-    allocated_node,
-    allocation_request,
-    claim_path,
-    conflicts,
-    effective_claim,
-    pin_config,
-    reserved_for,
-    with_timestamp,
-)
+from controller.claims import fence_rules as fences
 from controller.claims.conflicts import ConflictHold
-from controller.claims.fencing import Fencing
+from controller.claims.fence_lifecycle import Fencing
 from controller.claims.holdings import Holdings
+from controller.claims.pinned_config import pin_config
+from controller.claims.request import Request, allocation_request, effective_claim
 from controller.claims.scheduler import SchedulerActivity
+from controller.claims.shared_devices import conflicts
 from controller.claims.stages import StageTimes
 from controller.claims.stats import AllocationStats
 from controller.claims.worker import AllocationAnswer, AllocationJob, AllocationWorker, Inventory
 from controller.leadership import require_leader
+from controller.resourceclaims import allocated_node, claim_path, reserved_for, with_timestamp
 from dradriver.allocator import claim_key, node_info
 from dradriver.allocator.core import OUT_OF_TIME
 from dradriver.api import parameters as params

@@ -26,8 +26,6 @@ from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from controller.claims.allocation import allocated_node, reserved_for
-from controller.claims.fences import is_fence
 from controller.networkpools.attach import (
     AttachBackend,
     AttachError,
@@ -35,6 +33,7 @@ from controller.networkpools.attach import (
     AttachResult,
     backend_for,
 )
+from controller.resourceclaims import allocated_node, is_fence, reserved_for
 from dradriver.allocator import claim_key
 from dradriver.api import networkpool as net
 from dradriver.api import parameters as params

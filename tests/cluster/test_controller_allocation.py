@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from controller.claims import fences as fence
+from controller.claims import fence_rules as fence
 from devtools.cluster.api import AdminAPI
 from devtools.cluster.gates import apiserver_gates, why_off
 from devtools.cluster.local import LocalCluster

@@ -1,6 +1,6 @@
-"""Fence claims: the pure rules of controller/claims/fences.py, and the fence lifecycle
-(controller/claims/fencing.py) and conflict hold (conflicts.py) as the ClaimReconciler runs
-them against the fake apiserver (resourceVersions ordered like etcd's)."""
+"""Fence claims: the pure rules of controller/claims/fence_rules.py, and the fence
+lifecycle (controller/claims/fence_lifecycle.py) and conflict hold (conflicts.py) as the
+ClaimReconciler runs them against the fake apiserver (resourceVersions ordered like etcd's)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any, cast
 
 import pytest
 
-from controller.claims import fences as fence
+from controller.claims import fence_rules as fence
 from controller.claims.reconciler import ClaimReconciler
 from dradriver.allocator import AllocatedState, DeviceID
 from dradriver.api.wellknown import (

@@ -8,7 +8,6 @@ from typing import Any
 
 import pytest
 
-from controller.claims.allocation import allocated_node
 from controller.networkpools.attach import (
     AttachError,
     AttachRequest,
@@ -18,6 +17,7 @@ from controller.networkpools.attach import (
     parse_attach_output,
 )
 from controller.networkpools.reconciler import network_pool, pools_of_claim
+from controller.resourceclaims import allocated_node
 from devtools import crds
 from dradriver.api import networkpool as net
 from dradriver.k8s.objects import Obj

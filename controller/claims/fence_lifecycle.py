@@ -1,17 +1,17 @@
 """The fence lifecycle: notice removals, then create, allocate, pulse and delete fence
-claims (the rules, and why fences exist, are in :mod:`controller.claims.fences`)."""
+claims (the rules, and why fences exist, are in :mod:`controller.claims.fence_rules`)."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
 
-from controller.claims import fences
-from controller.claims.allocation import claim_path
+from controller.claims import fence_rules as fences
 from controller.claims.holdings import Holdings
 from controller.claims.scheduler import SchedulerActivity
 from controller.claims.stats import AllocationStats
 from controller.leadership import NotLeader, require_leader
+from controller.resourceclaims import claim_path
 from dradriver.allocator import DeviceID
 from dradriver.k8s.client import KubeClient
 from dradriver.k8s.errors import KubeAPIError, is_conflict, is_not_found
@@ -30,7 +30,7 @@ class Fencing:
     Fed by every removal the claims informer shows (:meth:`note_removal`) and by our own
     clears right after they are written (:meth:`after_removal`); :meth:`reconcile` is the
     level-based pass over one fence key. Marks of pending fence writes are kept in
-    memory (:class:`~controller.claims.fences.Marks`).
+    memory (:class:`~controller.claims.fence_rules.Marks`).
     """
 
     def __init__(

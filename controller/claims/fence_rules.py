@@ -42,7 +42,7 @@ the scheduler's set). The residual risk: between the removal and the fence's all
 write (milliseconds) a scheduling cycle can still pick D; and marks are kept in memory,
 so a controller that crashes in that window leaves the set un-repaired.
 
-Everything here is pure (no I/O); :mod:`controller.claims.fencing` does the API calls.
+Everything here is pure (no I/O); :mod:`controller.claims.fence_lifecycle` does the API calls.
 """
 
 from __future__ import annotations
@@ -54,11 +54,11 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
+from controller.resourceclaims import FENCE_LABEL as FENCE_LABEL
+from controller.resourceclaims import is_fence as is_fence
 from dradriver.allocator import AllocatedState, DeviceID
-from dradriver.k8s.objects import Obj, annotations_of, labels_of, meta, revision
+from dradriver.k8s.objects import Obj, annotations_of, meta, revision
 
-FENCE_LABEL = "dradriver.dev/fence"
-"""``dradriver.dev/fence: "true"`` marks a fence claim."""
 HOLDER_ANNOTATION = "dradriver.dev/fence-holder"
 """The claim (``namespace/name``) the fence was created to guard."""
 DEVICES_ANNOTATION = "dradriver.dev/fence-devices"
@@ -76,10 +76,6 @@ def fence_name(device: DeviceID) -> str:
 
 def fence_key(namespace: str, device: DeviceID) -> str:
     return f"{namespace}/{fence_name(device)}"
-
-
-def is_fence(claim: Mapping[str, Any] | None) -> bool:
-    return claim is not None and labels_of(claim).get(FENCE_LABEL) == "true"
 
 
 def is_fence_key(namespace: str, key: str) -> bool:
