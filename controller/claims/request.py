@@ -1,6 +1,7 @@
 """What a claim asks of the controller: whether it wants immediate allocation, its
 resolved DeviceClaimParameters, and the effective request (the parameters' ``count`` and
-``selectors`` applied) the allocator searches for.
+``selectors`` applied) the allocator searches for; and which claims reference a
+DeviceClaimParameters object (:func:`claims_using`).
 
 Pure (resource.k8s.io/v1 JSON dicts in, no I/O).
 """
@@ -8,13 +9,14 @@ Pure (resource.k8s.io/v1 JSON dicts in, no I/O).
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from dradriver.api import parameters as params
 from dradriver.api.wellknown import ALLOCATION_ANNOTATION, IMMEDIATE
 from dradriver.k8s.objects import Obj, annotations_of, meta
+from dradriver.runtime import Informer
 
 Lookup = Callable[[str, str], Obj | None]
 
@@ -94,3 +96,26 @@ def effective_claim(claim: Mapping[str, Any], request: Request) -> Obj:
                 if _applies(requests, name, str(sub.get("name", ""))):
                     _apply_spec(sub, spec)
     return out
+
+
+def claims_using(claims: Informer, driver: str) -> Callable[[Obj], Iterable[str]]:
+    """Maps a DeviceClaimParameters object to the keys of the claims that reference it."""
+
+    def mapper(obj: Obj) -> Iterable[str]:
+        namespace, name = meta(obj).get("namespace"), meta(obj).get("name")
+        out = []
+        for claim in claims.items():
+            if (claim.get("metadata") or {}).get("namespace") != namespace:
+                continue
+            try:
+                entries = params.claim_parameters(driver, claim)
+            except params.ParametersError:
+                continue
+            if any(
+                isinstance(e.source, params.ParametersReference) and e.source.name == name
+                for e in entries
+            ):
+                out.append(f"{namespace}/{claim['metadata']['name']}")
+        return out
+
+    return mapper
