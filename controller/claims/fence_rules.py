@@ -57,7 +57,7 @@ from typing import Any
 from controller.resourceclaims import FENCE_LABEL as FENCE_LABEL
 from controller.resourceclaims import is_fence as is_fence
 from dradriver.allocator import AllocatedState, DeviceID
-from dradriver.k8s.objects import Obj, annotations_of, meta, revision
+from dradriver.k8s.objects import Obj, allocation_of, annotations_of, meta, revision
 
 HOLDER_ANNOTATION = "dradriver.dev/fence-holder"
 """The claim (``namespace/name``) the fence was created to guard."""
@@ -85,7 +85,7 @@ def is_fence_key(namespace: str, key: str) -> bool:
 
 
 def allocated(claim: Mapping[str, Any] | None) -> bool:
-    return bool(((claim or {}).get("status") or {}).get("allocation"))
+    return claim is not None and allocation_of(claim) is not None
 
 
 def exclusive(allocation: Mapping[str, Any] | None) -> list[DeviceID]:
@@ -106,7 +106,7 @@ def fence_devices(claim: Mapping[str, Any]) -> list[DeviceID]:
             return [(str(d[0]), str(d[1]), str(d[2])) for d in json.loads(raw)]
         except (ValueError, TypeError, IndexError, KeyError):
             pass
-    return exclusive((claim.get("status") or {}).get("allocation"))
+    return exclusive(allocation_of(claim))
 
 
 def new_fence(namespace: str, devices: Iterable[DeviceID], holder: str) -> Obj:
@@ -179,10 +179,10 @@ def removed_devices(old: Mapping[str, Any] | None, new: Mapping[str, Any] | None
     """
     if old is None:
         return []
-    before = (old.get("status") or {}).get("allocation")
+    before = allocation_of(old)
     if not before:
         return []
-    if new is not None and (new.get("status") or {}).get("allocation"):
+    if new is not None and allocation_of(new):
         return []
     return exclusive(before)
 
