@@ -25,7 +25,8 @@ from controller.claims.context import ClaimContext, ClaimSettings, ClaimSources
 from controller.claims.reconciler import ClaimReconciler, claims_using
 from controller.claims.scheduler import SchedulerActivity
 from controller.claims.worker import AllocationWorker
-from controller.networkpools.reconciler import NetworkPoolReconciler, pool_of_slice, pools_of_claim
+from controller.networkpools.pool import pool_of_slice, pools_of_claim
+from controller.networkpools.reconciler import NetworkPoolReconciler
 from controller.parameters import ParametersReconciler, parameters_used_by
 from controller.pinning import ParametersPinReconciler, claims_referencing
 from controller.serving import Server, ServingThread

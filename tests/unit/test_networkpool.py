@@ -16,7 +16,7 @@ from controller.networkpools.attach import (
     backend_for,
     parse_attach_output,
 )
-from controller.networkpools.reconciler import network_pool, pools_of_claim
+from controller.networkpools.pool import network_pool, pools_of_claim
 from controller.resourceclaims import allocated_node
 from devtools import crds
 from dradriver.api import networkpool as net
