@@ -22,7 +22,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from controller.claims.context import ClaimContext, ClaimSettings, ClaimSources
-from controller.claims.reconciler import ClaimReconciler, claims_using
+from controller.claims.reconciler import ClaimReconciler
+from controller.claims.request import claims_using
 from controller.claims.scheduler import SchedulerActivity
 from controller.claims.worker import AllocationWorker
 from controller.networkpools.pool import pool_of_slice, pools_of_claim

@@ -34,7 +34,7 @@ from controller.claims import fence_rules as fences
 from controller.claims.conflicts import ConflictHold
 from controller.claims.context import ClaimContext, ClaimSettings, ClaimSources
 from controller.claims.fence_lifecycle import Fencing
-from controller.claims.request import Request, allocation_request, claims_using, effective_claim
+from controller.claims.request import Request, allocation_request, effective_claim
 from controller.claims.search import SearchBatches
 from controller.claims.shared_devices import conflicts
 from controller.claims.worker import AllocationWorker
@@ -52,8 +52,6 @@ from dradriver.k8s.objects import (
 )
 from dradriver.log import get_logger
 from dradriver.runtime import RequeueAfter
-
-__all__ = ["EVENTS_IN_FLIGHT", "ClaimReconciler", "claims_using"]
 
 log = get_logger("controller")
 
