@@ -57,7 +57,6 @@ from pathlib import Path
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench.common import free_port, percentile, table
-from controller.claims.stages import METRIC, STAGES
 from devtools.cluster.api import AdminAPI
 from devtools.cluster.config import Layout, Ports
 from devtools.cluster.local import ClusterState, LocalCluster, running_cluster
@@ -66,6 +65,8 @@ from devtools.cluster.wait import wait_until
 from devtools.harness import finalizerpolicy
 from devtools.harness.controller import ControllerProcess, controller_kubeconfig
 from dradriver.api.wellknown import ALLOCATION_ANNOTATION
+from dradriver.api.wellknown import CLAIM_STAGE_METRIC as METRIC
+from dradriver.api.wellknown import CLAIM_STAGES as STAGES
 from dradriver.k8s.client import KubeClient, load_connection
 from dradriver.k8s.objects import Obj
 from dradriver.k8s.paths import RESOURCE_V1, path_for

@@ -21,9 +21,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from controller.claims.reconciler import ClaimReconciler, claims_using
+from controller.claims.context import ClaimContext, ClaimSettings, ClaimSources
+from controller.claims.reconciler import ClaimReconciler
+from controller.claims.request import claims_using
+from controller.claims.scheduler import SchedulerActivity
 from controller.claims.worker import AllocationWorker
-from controller.networkpools.reconciler import NetworkPoolReconciler, pool_of_slice, pools_of_claim
+from controller.networkpools.pool import pool_of_slice, pools_of_claim
+from controller.networkpools.reconciler import NetworkPoolReconciler
 from controller.parameters import ParametersReconciler, parameters_used_by
 from controller.pinning import ParametersPinReconciler, claims_referencing
 from controller.serving import Server, ServingThread
@@ -94,67 +98,7 @@ class ControllerApp:
         self.options = options
         self.client = client
         self.metrics = RuntimeMetrics()
-        driver = options.driver_name
-        self.claims = Informer(
-            client,
-            path_for(RESOURCE_V1, "resourceclaims"),
-            name="resourceclaims",
-            metrics=self.metrics,
-            backoff=retry_backoff(),
-        )
-        self.parameters = Informer(
-            client,
-            path_for(f"{driver}/{params.VERSION}", params.PLURAL),
-            name="deviceclaimparameters",
-            metrics=self.metrics,
-            backoff=retry_backoff(),
-        )
-        self.slices = Informer(
-            client,
-            path_for(RESOURCE_V1, "resourceslices"),
-            name="resourceslices",
-            metrics=self.metrics,
-            backoff=retry_backoff(),
-        )
-        self.classes = Informer(
-            client,
-            path_for(RESOURCE_V1, "deviceclasses"),
-            name="deviceclasses",
-            metrics=self.metrics,
-            backoff=retry_backoff(),
-        )
-        self.nodes = Informer(
-            client,
-            path_for("v1", "nodes"),
-            name="nodes",
-            metrics=self.metrics,
-            backoff=retry_backoff(),
-        )
-        # Pods not bound yet: the controller holds its writes while the scheduler decides.
-        self.pending_pods = Informer(
-            client,
-            path_for("v1", "pods"),
-            name="unscheduled-pods",
-            field_selector="spec.nodeName=",
-            metrics=self.metrics,
-            backoff=retry_backoff(),
-        )
-        self.network_pools = Informer(
-            client,
-            path_for(f"{driver}/{net.VERSION}", net.PLURAL),
-            name="networkdevicepools",
-            metrics=self.metrics,
-            backoff=retry_backoff(),
-        )
-        self.informers = [
-            self.claims,
-            self.parameters,
-            self.slices,
-            self.classes,
-            self.nodes,
-            self.pending_pods,
-            self.network_pools,
-        ]
+        self._informers()
         self.elector: LeaderElector | None = None
         if options.leader_elect:
             config = LeaderElectionConfig(
@@ -171,92 +115,150 @@ class ControllerApp:
         self.http: HTTPEndpoint | None = None
         self.webhook: WebhookServer | None = None
         self.parameters_reconciler = ParametersReconciler(
-            client, driver, self.parameters, self.is_leader, claims=self.claims
+            client, options.driver_name, self.parameters, self.is_leader, claims=self.claims
         )
-        self.claim_reconciler = ClaimReconciler(
-            client,
-            driver,
+        claims_controller = self._claims_controller()
+        self.controllers = [
+            self._parameters_controller(),
+            claims_controller,
+            self._pins_controller(),
+            self._network_pools_controller(),
+        ]
+        self._leading = False
+
+    def _informer(self, path: str, name: str, field_selector: str | None = None) -> Informer:
+        return Informer(
+            self.client,
+            path,
+            name=name,
+            field_selector=field_selector,
+            metrics=self.metrics,
+            backoff=retry_backoff(),
+        )
+
+    def _informers(self) -> None:
+        driver = self.options.driver_name
+        self.claims = self._informer(path_for(RESOURCE_V1, "resourceclaims"), "resourceclaims")
+        self.parameters = self._informer(
+            path_for(f"{driver}/{params.VERSION}", params.PLURAL), "deviceclaimparameters"
+        )
+        self.slices = self._informer(path_for(RESOURCE_V1, "resourceslices"), "resourceslices")
+        self.classes = self._informer(path_for(RESOURCE_V1, "deviceclasses"), "deviceclasses")
+        self.nodes = self._informer(path_for("v1", "nodes"), "nodes")
+        # Pods not bound yet: the controller holds its writes while the scheduler decides.
+        self.pending_pods = self._informer(
+            path_for("v1", "pods"), "unscheduled-pods", field_selector="spec.nodeName="
+        )
+        self.network_pools = self._informer(
+            path_for(f"{driver}/{net.VERSION}", net.PLURAL), "networkdevicepools"
+        )
+        self.informers = [
             self.claims,
             self.parameters,
             self.slices,
             self.classes,
             self.nodes,
-            self.is_leader,
-            namespaces=options.allocation_namespaces,
-            pending_pods=self.pending_pods,
-            fence_namespace=options.lease_namespace,  # fence claims live by the Lease
-            worker=self.allocation_worker,
-            allocation_timeout=options.allocation_timeout,
-            registry=self.metrics.registry,
-        )
-        waiting = self.claim_reconciler.waiting_keys
-        claims_controller = (
+            self.pending_pods,
+            self.network_pools,
+        ]
+
+    def _parameters_controller(self) -> Controller:
+        driver = self.options.driver_name
+        return (
             Controller(
-                "resourceclaims",
-                self.claim_reconciler,
-                workers=options.claim_workers,
+                "deviceclaimparameters",
+                self.parameters_reconciler,
+                workers=self.options.workers,
                 metrics=self.metrics,
             )
-            .watches(self.claims)
-            .watches(self.parameters, claims_using(self.claims, driver))
+            .watches(self.parameters)
+            .watches(self.claims, parameters_used_by(driver))  # the in-use finalizer
+        )
+
+    def _claims_controller(self) -> Controller:
+        """Immediate allocation. The controller (and its queue) comes first: the claim
+        pipeline's parts enqueue keys into it."""
+        o = self.options
+        controller = Controller(
+            "resourceclaims", self._reconcile_claim, workers=o.claim_workers, metrics=self.metrics
+        )
+        context = ClaimContext.create(
+            self.client,
+            o.driver_name,
+            self.claims,
+            scheduler=SchedulerActivity(self.pending_pods),
+            is_leader=self.is_leader,
+            enqueue=controller.enqueue,
+            namespaces=o.allocation_namespaces,
+            registry=self.metrics.registry,
+        )
+        self.claim_reconciler = ClaimReconciler(
+            context,
+            ClaimSources(self.parameters, self.slices, self.classes, self.nodes),
+            ClaimSettings(
+                fence_namespace=o.lease_namespace,  # fence claims live by the Lease
+                allocation_timeout=o.allocation_timeout,
+            ),
+            worker=self.allocation_worker,
+        )
+        waiting = self.claim_reconciler.waiting_keys
+        return (
+            controller.watches(self.claims)
+            .watches(self.parameters, claims_using(self.claims, o.driver_name))
             .watches(self.slices, waiting)
             .watches(self.classes, waiting)
             .watches(self.nodes, waiting)
             .watches(self.pending_pods, self.claim_reconciler.deferred_keys)
         )
-        self.claim_reconciler.enqueue = claims_controller.enqueue
-        self.controllers = [
-            Controller(
-                "deviceclaimparameters",
-                self.parameters_reconciler,
-                workers=options.workers,
-                metrics=self.metrics,
-            )
-            .watches(self.parameters)
-            .watches(self.claims, parameters_used_by(driver)),  # the in-use finalizer
-            claims_controller,
-        ]
-        # Scheduler-allocated claims that reference parameters: pin them for the node.
+
+    async def _reconcile_claim(self, key: str) -> None:
+        await self.claim_reconciler(key)
+
+    def _pins_controller(self) -> Controller:
+        """Scheduler-allocated claims that reference parameters: pin them for the node."""
+        driver = self.options.driver_name
         self.pin_reconciler = ParametersPinReconciler(
-            client,
+            self.client,
             driver,
             self.claims,
             self.parameters,
             self.is_leader,
-            namespaces=options.allocation_namespaces,
+            namespaces=self.options.allocation_namespaces,
         )
-        self.controllers.append(
+        return (
             Controller(
                 "parameter-pins",
                 self.pin_reconciler,
-                workers=options.workers,
+                workers=self.options.workers,
                 metrics=self.metrics,
             )
             .watches(self.claims)
             .watches(self.parameters, claims_referencing(self.claims, driver))
         )
-        # Network-attached pools: publish their slices, attach/detach on allocation.
+
+    def _network_pools_controller(self) -> Controller:
+        """Network-attached pools: publish their slices, attach/detach on allocation."""
+        driver = self.options.driver_name
         self.network_reconciler = NetworkPoolReconciler(
-            client,
+            self.client,
             driver,
             self.network_pools,
             self.claims,
             self.slices,
             self.is_leader,
-            namespaces=options.allocation_namespaces,
+            namespaces=self.options.allocation_namespaces,
         )
-        self.controllers.append(
+        return (
             Controller(
                 "networkdevicepools",
                 self.network_reconciler,
-                workers=options.workers,
+                workers=self.options.workers,
                 metrics=self.metrics,
             )
             .watches(self.network_pools)
             .watches(self.claims, pools_of_claim(driver))
             .watches(self.slices, pool_of_slice(driver))
         )
-        self._leading = False
 
     def is_leader(self) -> bool:
         return self.elector.is_leader if self.elector is not None else self._leading

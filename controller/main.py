@@ -21,6 +21,7 @@ log = get_logger("controller")
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The controller's flags (defaults from the environment where the help says so)."""
     env = os.environ.get
     parser = argparse.ArgumentParser(
         prog="dradriver-controller",
@@ -40,6 +41,18 @@ def build_parser() -> argparse.ArgumentParser:
         default=env("KUBECONFIG"),
         help="kubeconfig path (default: $KUBECONFIG, else the in-cluster service account)",
     )
+    _add_lease_flags(parser)
+    _add_serving_flags(parser)
+    _add_work_flags(parser)
+    parser.add_argument(
+        "--log-level", default="info", choices=["debug", "info", "warning", "error"]
+    )
+    return parser
+
+
+def _add_lease_flags(parser: argparse.ArgumentParser) -> None:
+    """Leader election: the Lease and its timing."""
+    env = os.environ.get
     parser.add_argument(
         "--leader-elect",
         action=argparse.BooleanOptionalAction,
@@ -82,6 +95,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="this replica's name in the Lease (default: $POD_NAME or hostname, plus a random "
         "suffix)",
     )
+
+
+def _add_serving_flags(parser: argparse.ArgumentParser) -> None:
+    """The HTTP endpoints: probes and metrics, the admission webhook."""
+    env = os.environ.get
     parser.add_argument(
         "--http-address",
         default="127.0.0.1:8081",
@@ -107,6 +125,10 @@ def build_parser() -> argparse.ArgumentParser:
         default=env("DRADRIVER_WEBHOOK_KEY"),
         help="its private key, PEM (default: $DRADRIVER_WEBHOOK_KEY)",
     )
+
+
+def _add_work_flags(parser: argparse.ArgumentParser) -> None:
+    """The reconcilers: workers, shutdown, which claims to allocate and the search budget."""
     parser.add_argument(
         "--workers",
         type=int,
@@ -144,10 +166,6 @@ def build_parser() -> argparse.ArgumentParser:
         "dradriver.dev/allocation-status annotation naming this budget, and is retried "
         "with backoff (default: %(default)s, the scheduler's timeout per node)",
     )
-    parser.add_argument(
-        "--log-level", default="info", choices=["debug", "info", "warning", "error"]
-    )
-    return parser
 
 
 def options_from(args: argparse.Namespace) -> Options:

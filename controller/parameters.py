@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Literal
 
-from controller.claims.allocation import claims_keeping, in_use_message, referenced_parameters
 from controller.leadership import require_leader
+from controller.parameters_in_use import claims_keeping, in_use_message, referenced_parameters
 from dradriver.api import parameters as params
 from dradriver.api.wellknown import IN_USE_FINALIZER
 from dradriver.k8s.client import KubeClient

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-from controller.claims.fences import is_fence
+from controller.resourceclaims import is_fence
 from dradriver.allocator import claim_key
 from dradriver.api import parameters as params
 from dradriver.api import pinnedparameters as pins

@@ -14,17 +14,11 @@ the device.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
-from controller.claims.allocation import claim_path, conflicts, reserved_for, should_yield
-from controller.claims.fencing import Fencing
-from controller.claims.holdings import Holdings
-from controller.claims.scheduler import SchedulerActivity
-from controller.claims.stats import AllocationStats
-from controller.leadership import require_leader
+from controller.claims.context import ClaimContext
+from controller.claims.fence_lifecycle import Fencing
+from controller.claims.shared_devices import conflicts, should_yield
+from controller.resourceclaims import reserved_for
 from dradriver.api.wellknown import CONFLICT_ANNOTATION, STATUS_ANNOTATION
-from dradriver.k8s.client import KubeClient
-from dradriver.k8s.events import EventRecorder
 from dradriver.k8s.objects import Obj, annotations_of, revision
 from dradriver.log import get_logger
 from dradriver.runtime import RequeueAfter
@@ -35,23 +29,9 @@ log = get_logger("controller")
 class ConflictHold:
     """Holds our claims that share a device (:meth:`check`) and releases them (:meth:`release`)."""
 
-    def __init__(
-        self,
-        client: KubeClient,
-        holdings: Holdings,
-        fencing: Fencing,
-        scheduler: SchedulerActivity,
-        events: EventRecorder,
-        stats: AllocationStats,
-        is_leader: Callable[[], bool],
-    ) -> None:
-        self.client = client
-        self.holdings = holdings
+    def __init__(self, context: ClaimContext, fencing: Fencing) -> None:
+        self.context = context
         self.fencing = fencing
-        self.scheduler = scheduler
-        self.events = events
-        self.stats = stats
-        self.is_leader = is_leader
 
     async def check(self, key: str, claim: Obj, allocation: Obj) -> None:
         """Hold claim ``key`` if another claim holds one of its devices and it yields.
@@ -62,12 +42,12 @@ class ConflictHold:
         # A fence is no consumer: it only mirrors another claim's hold for the scheduler.
         found = [
             c
-            for c in conflicts(key, allocation, self.holdings.state)
+            for c in conflicts(key, allocation, self.context.holdings.state)
             if not self.fencing.is_fence_key(c.other)
         ]
         if not found:
             return
-        others = {c.other: self.holdings.claims.get(c.other) for c in found}
+        others = {c.other: self.context.holdings.claims.get(c.other) for c in found}
         what = ", ".join(f"{'/'.join(c.device)} also allocated to claim {c.other}" for c in found)
         if CONFLICT_ANNOTATION in annotations_of(claim) and reserved_for(claim):
             # Held, and a pod reserved it since: releasing would clear a claim in use
@@ -75,7 +55,7 @@ class ConflictHold:
             raise RequeueAfter(2.0, "held claim in use: waiting for the other claim")
         if not all(should_yield(key, claim, other) for other in others.values()):
             log.warning("allocation conflict, not yielding", claim=key, conflicts=what)
-            await self.events.emit(
+            await self.context.events.emit(
                 claim,
                 "ResourceClaim",
                 "Warning",
@@ -88,18 +68,20 @@ class ConflictHold:
         # SchedulerActivity.quiet). The held claim is unusable (the node plugin refuses it).
         message = f"{what}; held unused until the device is free, then allocated again"
         if annotations_of(claim).get(CONFLICT_ANNOTATION) != what:
-            require_leader(self.is_leader, f"claim {key}")
-            await self.client.merge_patch(
-                claim_path(key),
+            self.context.require_leader(key)
+            await self.context.patch_claim(
+                key,
                 {
                     "metadata": {
                         "annotations": {CONFLICT_ANNOTATION: what, STATUS_ANNOTATION: message}
                     }
                 },
             )
-            self.stats.held += 1
+            self.context.stats.held += 1
             log.warning("allocation conflict, holding the claim", claim=key, conflicts=what)
-            await self.events.emit(claim, "ResourceClaim", "Warning", "AllocationConflict", message)
+            await self.context.events.emit(
+                claim, "ResourceClaim", "Warning", "AllocationConflict", message
+            )
         raise RequeueAfter(2.0, "allocation conflict: waiting for the other claim")
 
     async def release(self, key: str, claim: Obj, allocation: Obj) -> Obj | None:
@@ -112,26 +94,26 @@ class ConflictHold:
         claim with the hold lifted (nothing is removed, so the scheduler need not be quiet).
         """
         if reserved_for(claim):
-            require_leader(self.is_leader, f"claim {key}")
-            lifted = await self.client.merge_patch(
-                claim_path(key),
+            self.context.require_leader(key)
+            lifted = await self.context.patch_claim(
+                key,
                 {"metadata": {"annotations": {CONFLICT_ANNOTATION: None, STATUS_ANNOTATION: None}}},
             )
             log.info("held claim in use keeps its allocation: hold lifted", claim=key)
             return lifted
-        quiet, why = self.scheduler.quiet(self.holdings.seen_since(key))
+        quiet, why = self.context.scheduler.quiet(self.context.holdings.seen_since(key))
         if not quiet:
             raise RequeueAfter(1.0, f"held claim waits for a quiet scheduler: {why}")
-        require_leader(self.is_leader, f"claim {key}")
+        self.context.require_leader(key)
         # The marker goes first: a crash after it leaves an ordinary allocated claim,
         # which the next pass checks for conflicts again.
-        claim = await self.client.merge_patch(
-            claim_path(key), {"metadata": {"annotations": {CONFLICT_ANNOTATION: None}}}
+        claim = await self.context.patch_claim(
+            key, {"metadata": {"annotations": {CONFLICT_ANNOTATION: None}}}
         )
-        cleared = await self.holdings.clear(key, claim)
+        cleared = await self.context.holdings.clear(key, claim)
         if cleared is None:
             return None
         await self.fencing.after_removal(key, allocation, revision(cleared))
-        self.stats.yielded += 1
+        self.context.stats.yielded += 1
         log.info("held claim gave its allocation back", claim=key)
         raise RequeueAfter(0.1, "allocate the held claim again")

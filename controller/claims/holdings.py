@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 
-from controller.claims.allocation import claim_path
+from controller.resourceclaims import claim_path
 from dradriver.allocator import AllocatedState
 from dradriver.k8s.client import KubeClient
 from dradriver.k8s.errors import KubeAPIError, is_not_found

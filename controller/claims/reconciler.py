@@ -1,8 +1,10 @@
 """ClaimReconciler: immediate allocation of the claims that ask for it (no pod needed).
 
 Level-based: every call looks at the claim in the cache and does the next step
-(finalizer, allocation, conflict check, annotation cleanup, deallocation). The parts it
-owns, one concept each:
+(finalizer, allocation, conflict check, annotation cleanup, deallocation). It is built
+from one :class:`~controller.claims.context.ClaimContext` (the client, the holdings, the
+scheduler's activity, the counters, events, the lease check and the work queue), which
+its parts share:
 
 * :class:`~controller.claims.holdings.Holdings`: which claims hold which devices,
   including our writes the informer has not shown yet, and the allocation writes;
@@ -10,82 +12,53 @@ owns, one concept each:
   busy or quiet, which times our writes;
 * :class:`~controller.claims.conflicts.ConflictHold`: our claim found sharing a device
   with another claim is held, then given back and allocated again;
-* :class:`~controller.claims.fencing.Fencing`: fence claims repair the scheduler's
+* :class:`~controller.claims.fence_lifecycle.Fencing`: fence claims repair the scheduler's
   allocated-device set after a device loses one of two holders;
-* :class:`~controller.claims.worker.AllocationWorker`: the allocator's search, in a child
-  process within a wall-clock budget, so that it never blocks the event loop.
+* :class:`~controller.claims.search.SearchBatches`: the allocator's searches, in batches
+  to a child process (:class:`~controller.claims.worker.AllocationWorker`) within a
+  wall-clock budget, so that they never block the event loop.
 
-The pure parts are in :mod:`controller.claims.allocation` and
-:mod:`controller.claims.fences`.
+The pure parts are in :mod:`controller.claims.request`,
+:mod:`controller.claims.pinned_config`, :mod:`controller.claims.shared_devices` and
+:mod:`controller.claims.fence_rules`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Iterable
-from dataclasses import dataclass
+from collections.abc import Awaitable, Coroutine, Iterable
 from typing import Any
 
-from controller.claims import fences
-from controller.claims.allocation import (
-    Request,
-    allocated_node,
-    allocation_request,
-    claim_path,
-    conflicts,
-    effective_claim,
-    pin_config,
-    reserved_for,
-    with_timestamp,
-)
+from controller.claims import fence_rules as fences
 from controller.claims.conflicts import ConflictHold
-from controller.claims.fencing import Fencing
-from controller.claims.holdings import Holdings
-from controller.claims.scheduler import SchedulerActivity
-from controller.claims.stages import StageTimes
-from controller.claims.stats import AllocationStats
-from controller.claims.worker import AllocationAnswer, AllocationJob, AllocationWorker, Inventory
-from controller.leadership import require_leader
-from dradriver.allocator import claim_key, node_info
-from dradriver.allocator.core import OUT_OF_TIME
-from dradriver.api import parameters as params
+from controller.claims.context import ClaimContext, ClaimSettings, ClaimSources
+from controller.claims.fence_lifecycle import Fencing
+from controller.claims.request import Request, allocation_request, effective_claim
+from controller.claims.search import SearchBatches
+from controller.claims.shared_devices import conflicts
+from controller.claims.worker import AllocationWorker
+from controller.resourceclaims import allocated_node, reserved_for
+from dradriver.allocator import claim_key
 from dradriver.api.wellknown import CONFLICT_ANNOTATION, FINALIZER, STATUS_ANNOTATION
-from dradriver.k8s.client import KubeClient
-from dradriver.k8s.events import EventRecorder
 from dradriver.k8s.objects import (
     Obj,
     allocation_of,
     annotations_of,
     finalizers,
     meta,
-    now_rfc3339,
     revision,
     uid_of,
 )
 from dradriver.log import get_logger
-from dradriver.metrics import Registry
-from dradriver.runtime import Informer, RequeueAfter, split_key
+from dradriver.runtime import RequeueAfter
 
 log = get_logger("controller")
 
-MAX_BATCH = 32
-"""Claims per round trip to the allocation worker, at most."""
 # Allocated events in flight at once. They inform and nothing waits on them: a burst of
 # allocations must not spend the apiserver's capacity on 1,000 concurrent event POSTs
 # while claims still wait for their finalizer and status writes.
 EVENTS_IN_FLIGHT = 2
-
-
-@dataclass
-class _Waiting:
-    """A claim waiting for its search; ``future`` gets the answer and the allocation taken."""
-
-    key: str
-    effective: Obj
-    request: Request
-    future: asyncio.Future[tuple[AllocationAnswer, Obj | None]]
-    since: float
 
 
 class ClaimReconciler:
@@ -102,109 +75,45 @@ class ClaimReconciler:
 
     def __init__(
         self,
-        client: KubeClient,
-        driver: str,
-        claims: Informer,
-        parameters: Informer,
-        slices: Informer,
-        classes: Informer,
-        nodes: Informer,
-        is_leader: Callable[[], bool] = lambda: True,
-        namespaces: Iterable[str] = (),
-        retry_base: float = 1.0,
-        retry_cap: float = 60.0,
-        pending_pods: Informer | None = None,
-        max_defer: float = 10.0,
-        quiet_period: float = 0.3,
-        fence_namespace: str = "dradriver",
-        removal_quiet: float = 2.0,
-        removal_window: float = 30.0,
+        context: ClaimContext,
+        sources: ClaimSources,
+        settings: ClaimSettings | None = None,
         worker: AllocationWorker | None = None,
-        allocation_timeout: float = 10.0,
-        registry: Registry | None = None,
     ) -> None:
-        self.client = client
-        self.driver = driver
-        self.claims = claims
-        self.parameters = parameters
-        self.slices = slices
-        self.classes = classes
-        self.nodes = nodes
-        self.is_leader = is_leader
-        self.namespaces = frozenset(namespaces)
-        self.retry_base = retry_base
-        self.retry_cap = retry_cap
-        self.enqueue: Callable[[str], None] = lambda key: None  # set by the controller
-        self.scheduler = SchedulerActivity(
-            pending_pods,
-            quiet_period=quiet_period,
-            max_defer=max_defer,
-            removal_quiet=removal_quiet,
-            removal_window=removal_window,
-        )
-        self.events = EventRecorder(client)
-        self.stats = AllocationStats()
-        self.stages = StageTimes(registry)
-        self._background: set[asyncio.Task[None]] = set()
-        self._event_slots = asyncio.Semaphore(EVENTS_IN_FLIGHT)
-        self.holdings = Holdings(client, claims)
-        self.fencing = Fencing(
-            client,
-            fence_namespace,
-            self.holdings,
-            self.scheduler,
-            self.stats,
-            is_leader,
-            enqueue=lambda key: self.enqueue(key),  # self.enqueue is replaced later
-            namespaces=self.namespaces,
-        )
-        self.conflicts = ConflictHold(
-            client, self.holdings, self.fencing, self.scheduler, self.events, self.stats, is_leader
+        self.context = context
+        self.sources = sources
+        self.settings = settings if settings is not None else ClaimSettings()
+        self.holdings = context.holdings
+        self.scheduler = context.scheduler
+        self.stats = context.stats
+        self.stages = context.stages
+        self.events = context.events
+        self.fencing = Fencing(context, self.settings.fence_namespace)
+        self.conflicts = ConflictHold(context, self.fencing)
+        self.searches = SearchBatches(
+            context,
+            sources,
+            worker if worker is not None else AllocationWorker(),
+            self.settings.allocation_timeout,
         )
         self.unallocatable: set[str] = set()
         self.failures: dict[str, int] = {}
-        # The search runs in a child process, in batches one after the other, so that
-        # each batch's snapshot of the holdings includes what the previous one took.
-        self.worker = worker if worker is not None else AllocationWorker()
-        self.allocation_timeout = allocation_timeout
-        self._waiting: list[_Waiting] = []
-        self._batcher: asyncio.Task[None] | None = None
-        self._inventory: Inventory | None = None
-        self._inventory_generation = 0
         # Claims whose search ran out of budget: not searched again before this time
         # (monotonic), whatever event enqueues them; each search would cost a budget.
         self.out_of_budget: dict[str, float] = {}
         self._params_error_logged: dict[str, str] = {}
-        claims.add_handler(
+        self._background: set[asyncio.Task[None]] = set()
+        self._event_slots = asyncio.Semaphore(EVENTS_IN_FLIGHT)
+        context.claims.add_handler(
             on_add=self._claim_changed,
             on_update=lambda old, new: self._claim_changed(new, old),
             on_delete=self._claim_deleted,
         )
-        for informer in (slices, classes):
-            informer.add_handler(
-                on_add=self._inventory_changed,
-                on_update=lambda old, new: self._inventory_changed(new),
-                on_delete=self._inventory_changed,
-            )
 
-    # --- caches -------------------------------------------------------------------------
-
-    def _inventory_changed(self, obj: Obj) -> None:
-        self._inventory = None
-
-    def inventory(self) -> Inventory:
-        """The slices and classes to allocate from, as the worker takes them."""
-        if self._inventory is None:
-            self._inventory_generation += 1
-            self._inventory = Inventory(
-                self._inventory_generation,
-                tuple(self.slices.items()),
-                tuple(self.classes.items()),
-            )
-        return self._inventory
+    # --- the informer's view ------------------------------------------------------------
 
     def _ours(self, key: str) -> bool:
-        claim = self.claims.get(key)
+        claim = self.context.claims.get(key)
         return key in self.holdings.inflight or (
             claim is not None and FINALIZER in finalizers(claim)
         )
@@ -220,7 +129,7 @@ class ClaimReconciler:
             self.holdings.allocation_seen(key)
             for conflict in conflicts(key, allocation, state):
                 if self._ours(conflict.other):
-                    self.enqueue(conflict.other)
+                    self.context.enqueue(conflict.other)
             state.add(key, allocation)
             return
         pending = inflight.get(key)
@@ -253,7 +162,7 @@ class ClaimReconciler:
 
     def _devices_freed(self) -> None:
         for key in list(self.unallocatable):
-            self.enqueue(key)
+            self.context.enqueue(key)
 
     def waiting_keys(self, obj: Obj) -> Iterable[str]:
         """Mapper for slices, classes and nodes: the claims that could not be allocated."""
@@ -276,32 +185,29 @@ class ClaimReconciler:
     # --- reconcile ----------------------------------------------------------------------
 
     def _lookup(self, namespace: str, name: str) -> Obj | None:
-        return self.parameters.get_by_name(namespace, name)
-
-    def _check_leader(self, key: str) -> None:
-        require_leader(self.is_leader, f"claim {key}")
+        return self.sources.parameters.get_by_name(namespace, name)
 
     def _backoff(self, key: str) -> float:
         n = self.failures.get(key, 0) + 1
         self.failures[key] = n
-        return float(min(self.retry_cap, self.retry_base * 2 ** (n - 1)))
+        settings = self.settings
+        return float(min(settings.retry_cap, settings.retry_base * 2 ** (n - 1)))
 
     async def __call__(self, key: str) -> None:
         if self.fencing.is_fence_key(key):
             await self.fencing.reconcile(key)
             return
-        claim = self.claims.get(key)
+        claim = self.context.claims.get(key)
         if claim is None:
             return
         self.stages.started(key)
-        namespace, _ = split_key(key)
-        if self.namespaces and namespace not in self.namespaces:
+        if not self.context.in_scope(key):
             return
         if meta(claim).get("deletionTimestamp"):
             if FINALIZER in finalizers(claim):
                 await self._deallocate(key, claim)
             return
-        request = allocation_request(self.driver, claim, self._lookup)
+        request = allocation_request(self.context.driver, claim, self._lookup)
         if not request.immediate:
             if request.error and self._params_error_logged.get(key) != request.error:
                 self._params_error_logged[key] = request.error
@@ -325,7 +231,7 @@ class ClaimReconciler:
             return  # written; the informer's update re-enqueues the key
         finalizer: asyncio.Task[Obj] | None = None
         if FINALIZER not in finalizers(claim):
-            self._check_leader(key)
+            self.context.require_leader(key)
             # The search does not need the finalizer, so the patch overlaps it; the
             # allocation is written only after it, at the version it returned (so never
             # without the finalizer, and never over a change made meanwhile).
@@ -361,7 +267,7 @@ class ClaimReconciler:
             raise RequeueAfter(retry_at - time.monotonic(), "the last search ran out of budget")
         self.scheduler.wait_before_allocating(key)
         effective = effective_claim(claim, request)  # the parameters' count and selectors
-        answer, allocation = await self._search(key, effective, request)
+        answer, allocation = await self.searches.search(key, effective, request)
         if finalizer is not None:
             try:
                 claim = await finalizer
@@ -370,7 +276,7 @@ class ClaimReconciler:
                     self.holdings.unreserve(key)
                 raise
         if allocation is None:
-            await self._failed(key, claim, self._failure_message(answer), answer.exhausted)
+            await self._failed(key, claim, self.searches.failure_message(answer), answer.exhausted)
             return
         sent = time.monotonic()
         written = await self.holdings.write(key, claim, allocation)
@@ -400,72 +306,6 @@ class ClaimReconciler:
         await self.conflicts.check(key, written, allocation)
         await self._settled(key, written)
 
-    async def _search(
-        self, key: str, effective: Obj, request: Request
-    ) -> tuple[AllocationAnswer, Obj | None]:
-        """Claim ``key``'s search and, if it found one, the allocation with its devices
-        taken (:meth:`_take`). Searches go to the worker in batches: the claims waiting
-        while a batch runs form the next one (see :mod:`controller.claims.worker`)."""
-        future: asyncio.Future[tuple[AllocationAnswer, Obj | None]] = (
-            asyncio.get_running_loop().create_future()
-        )
-        self._waiting.append(_Waiting(key, effective, request, future, time.monotonic()))
-        if self._batcher is None or self._batcher.done():
-            self._batcher = asyncio.create_task(self._run_batches())
-        try:
-            return await future
-        except asyncio.CancelledError:
-            # Answered and taken just before the cancellation: nobody will write it.
-            answered = future.done() and not future.cancelled() and future.exception() is None
-            if answered and future.result()[1] is not None:
-                self.holdings.unreserve(key)
-            raise
-
-    async def _run_batches(self) -> None:
-        """Send the waiting claims to the worker, up to MAX_BATCH at a time, one batch
-        after the other. All of a batch see the same holdings (the worker keeps them
-        apart); what a batch found is taken before the next batch's snapshot, so each
-        batch sees what the one before took."""
-        while self._waiting:
-            batch = [w for w in self._waiting[:MAX_BATCH] if not w.future.done()]
-            del self._waiting[:MAX_BATCH]
-            if not batch:
-                continue
-            now = time.monotonic()
-            for w in batch:
-                self.stages.observe("turn", now - w.since)
-            snapshot = self.holdings.state.snapshot()
-            nodes = tuple(node_info(n) for n in self.nodes.items())
-            jobs = [
-                AllocationJob(w.effective, snapshot, nodes, self.allocation_timeout) for w in batch
-            ]
-            try:
-                answers = await self.worker.allocate_batch(jobs, self.inventory())
-            except BaseException as e:
-                for w in batch:
-                    if w.future.done():
-                        continue
-                    if isinstance(e, asyncio.CancelledError):
-                        w.future.cancel()
-                    else:
-                        w.future.set_exception(e)
-                raise
-            elapsed = time.monotonic() - now
-            for w, answer in zip(batch, answers, strict=True):
-                self.stages.observe("search", elapsed)
-                if w.future.done():
-                    continue  # its reconcile was cancelled: nothing is taken for it
-                try:
-                    allocation = (
-                        self._take(w.key, answer, w.request)
-                        if answer.allocation is not None
-                        else None
-                    )
-                except Exception as e:
-                    w.future.set_exception(e)
-                    continue
-                w.future.set_result((answer, allocation))
-
     def _in_background(self, work: Coroutine[Any, Any, None]) -> None:
         """Run ``work`` without holding up the worker: for writes nothing waits on, such as
         the ``Allocated`` event (events never fail a reconcile, see EventRecorder). The
@@ -483,40 +323,12 @@ class ClaimReconciler:
         await work
         self.stages.observe(stage, time.monotonic() - sent)
 
-    def _take(self, key: str, answer: AllocationAnswer, request: Request) -> Obj:
-        """The answer's allocation, its devices taken in the holdings before any await.
-
-        The search ran on a snapshot, for up to the budget: what changed meanwhile is
-        checked again here (the scheduler became busy, the informer showed another claim
-        taking one of the devices).
-        """
-        assert answer.allocation is not None
-        allocation = with_timestamp(answer.allocation, now_rfc3339())
-        config = (allocation.get("devices") or {}).get("config")
-        if config:
-            allocation["devices"]["config"] = pin_config(self.driver, config, request)
-        self.scheduler.wait_before_allocating(key)
-        taken = conflicts(key, allocation, self.holdings.state)
-        if taken:
-            raise RequeueAfter(0.0, f"{taken[0].other} took a device during the search")
-        self._check_leader(key)
-        self.holdings.reserve(key, allocation)
-        return allocation
-
-    def _failure_message(self, answer: AllocationAnswer) -> str:
-        if answer.exhausted == OUT_OF_TIME:
-            return (
-                f"no allocation found within the {self.allocation_timeout:g} s allocation "
-                "budget (--allocation-timeout); retrying with backoff"
-            )
-        return answer.message or "cannot be allocated"
-
     async def _settled(self, key: str, claim: Obj) -> None:
         self.failures.pop(key, None)
         self.out_of_budget.pop(key, None)
         self.unallocatable.discard(key)
         if STATUS_ANNOTATION in annotations_of(claim):
-            self._check_leader(key)
+            self.context.require_leader(key)
             await self._patch(key, {"metadata": {"annotations": {STATUS_ANNOTATION: None}}})
 
     async def _failed(
@@ -540,7 +352,7 @@ class ClaimReconciler:
             out_of_budget=exhausted or "",
         )
         if annotations_of(claim).get(STATUS_ANNOTATION) != message:
-            self._check_leader(key)
+            self.context.require_leader(key)
             await self._patch(key, {"metadata": {"annotations": {STATUS_ANNOTATION: message}}})
         await self.events.emit(claim, "ResourceClaim", "Warning", "AllocationFailed", message)
         raise RequeueAfter(delay, "cannot be allocated")
@@ -559,7 +371,7 @@ class ClaimReconciler:
             quiet, why = self.scheduler.quiet(self.holdings.seen_since(key))
             if not quiet:
                 raise RequeueAfter(1.0, f"deallocation waits for a quiet scheduler: {why}")
-        self._check_leader(key)
+        self.context.require_leader(key)
         if allocation and finalizers(claim) == [FINALIZER]:
             # Ours is the last finalizer: removing it deletes the claim, and the deletion
             # is the removal the scheduler applies (as it would a clear), in one write
@@ -596,27 +408,4 @@ class ClaimReconciler:
         log.info("finalizer removed", claim=key)
 
     async def _patch(self, key: str, body: Obj) -> Obj:
-        return await self.client.merge_patch(claim_path(key), body)
-
-
-def claims_using(claims: Informer, driver: str) -> Callable[[Obj], Iterable[str]]:
-    """Maps a DeviceClaimParameters object to the keys of the claims that reference it."""
-
-    def mapper(obj: Obj) -> Iterable[str]:
-        namespace, name = meta(obj).get("namespace"), meta(obj).get("name")
-        out = []
-        for claim in claims.items():
-            if (claim.get("metadata") or {}).get("namespace") != namespace:
-                continue
-            try:
-                entries = params.claim_parameters(driver, claim)
-            except params.ParametersError:
-                continue
-            if any(
-                isinstance(e.source, params.ParametersReference) and e.source.name == name
-                for e in entries
-            ):
-                out.append(f"{namespace}/{claim['metadata']['name']}")
-        return out
-
-    return mapper
+        return await self.context.patch_claim(key, body)

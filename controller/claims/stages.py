@@ -1,6 +1,7 @@
 """Where an immediate claim's time goes, stage by stage, as a Prometheus histogram.
 
-``dradriver_controller_claim_stage_seconds{stage}``, one observation per claim and stage:
+``dradriver_controller_claim_stage_seconds{stage}``, one observation per claim and stage
+(the names are in :mod:`dradriver.api.wellknown`):
 
 * ``queued``: first seen by the claims informer (unallocated) -> its reconcile starts
   (the watch event's handler, the work queue, the workers busy with other claims);
@@ -18,11 +19,13 @@ from __future__ import annotations
 
 import time
 
+from dradriver.api.wellknown import CLAIM_STAGE_METRIC as METRIC
+from dradriver.api.wellknown import CLAIM_STAGES as STAGES
 from dradriver.metrics import Histogram, Registry
 
-STAGES = ("queued", "finalizer_write", "turn", "search", "status_write", "event", "total")
+__all__ = ["METRIC", "STAGES", "StageTimes"]
+
 _BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
-METRIC = "dradriver_controller_claim_stage_seconds"
 
 
 class StageTimes:

@@ -1,5 +1,6 @@
-"""Names dradriver puts on Kubernetes objects that more than one component reads
-(the controller, the node plugin, the chart, devtools and bench): one definition each."""
+"""Names dradriver puts on Kubernetes objects, and metric names, that more than one
+component reads (the controller, the node plugin, the chart, devtools and bench): one
+definition each."""
 
 from __future__ import annotations
 
@@ -19,3 +20,9 @@ FINALIZER = "dradriver.dev/allocation"
 """The controller's own finalizer on claims it allocated (flows.md §b)."""
 IN_USE_FINALIZER = "dradriver.dev/in-use"
 """On a DeviceClaimParameters object while an allocated claim references it."""
+
+CLAIM_STAGE_METRIC = "dradriver_controller_claim_stage_seconds"
+"""The controller's histogram of an immediate claim's allocation, stage by stage (label
+``stage``, one of :data:`CLAIM_STAGES`); the benchmark reads it from ``/metrics``."""
+CLAIM_STAGES = ("queued", "finalizer_write", "turn", "search", "status_write", "event", "total")
+"""The ``stage`` label values of :data:`CLAIM_STAGE_METRIC`, in the order a claim goes through."""

@@ -21,8 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from controller.claims import fences as fence
-from controller.claims.stages import METRIC as STAGE_METRIC
+from controller.claims import fence_rules as fence
 from devtools.cluster.api import AdminAPI
 from devtools.cluster.gates import apiserver_gates, why_off
 from devtools.cluster.local import LocalCluster
@@ -43,6 +42,7 @@ from dradriver.api.wellknown import (
     FINALIZER,
     STATUS_ANNOTATION,
 )
+from dradriver.api.wellknown import CLAIM_STAGE_METRIC as STAGE_METRIC
 from dradriver.k8s.client import KubeClient, connection_from_files
 from dradriver.k8s.objects import Obj
 from dradriver.k8s.paths import RESOURCE_V1, path_for

@@ -9,20 +9,13 @@ from typing import Any, cast
 
 import pytest
 
-from controller.claims.allocation import (
-    allocation_request,
-    claims_keeping,
-    conflicts,
-    effective_claim,
-    exclusive_devices,
-    in_use_message,
-    pin_config,
-    referenced_parameters,
-    should_yield,
-    with_timestamp,
-)
+from controller.claims.pinned_config import pin_config
+from controller.claims.request import allocation_request, effective_claim
+from controller.claims.shared_devices import conflicts, exclusive_devices, should_yield
 from controller.leadership import NotLeader
 from controller.parameters import ParametersReconciler, parameters_used_by
+from controller.parameters_in_use import claims_keeping, in_use_message, referenced_parameters
+from controller.resourceclaims import with_timestamp
 from dradriver.allocator import AllocatedState, Allocator, SliceInventory
 from dradriver.api import parameters as params
 from dradriver.api.opaqueconfig import effective_configs

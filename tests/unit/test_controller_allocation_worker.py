@@ -11,6 +11,7 @@ from typing import Any, cast
 
 import pytest
 
+from controller.claims.context import ClaimContext, ClaimSettings, ClaimSources
 from controller.claims.reconciler import ClaimReconciler
 from controller.claims.worker import AllocationJob, AllocationWorker, Inventory
 from dradriver.allocator import AllocatedState, node_info
@@ -191,15 +192,15 @@ class Rig:
             *(self.api.put(claim_path(c["metadata"]["name"]), c) for c in claims)
         )
         self.rec = ClaimReconciler(
-            cast(Any, self.api),
-            "dradriver.dev",
-            cast(Any, self.claims),
-            cast(Any, FakeInformer()),
-            cast(Any, FakeInformer(*slices())),
-            cast(Any, FakeInformer(GPU)),
-            cast(Any, FakeInformer(*NODES)),
+            ClaimContext.create(cast(Any, self.api), "dradriver.dev", cast(Any, self.claims)),
+            ClaimSources(
+                cast(Any, FakeInformer()),
+                cast(Any, FakeInformer(*slices())),
+                cast(Any, FakeInformer(GPU)),
+                cast(Any, FakeInformer(*NODES)),
+            ),
+            ClaimSettings(allocation_timeout=budget),
             worker=worker,
-            allocation_timeout=budget,
         )
 
     def stored(self, name: str) -> Obj:

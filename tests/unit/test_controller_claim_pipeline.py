@@ -11,6 +11,7 @@ from typing import Any, cast
 
 import pytest
 
+from controller.claims.context import ClaimContext, ClaimSources
 from controller.claims.reconciler import EVENTS_IN_FLIGHT, ClaimReconciler
 from controller.claims.worker import AllocationJob, AllocationWorker, run_batch
 from dradriver.allocator import AllocatedState, Allocator, SliceInventory, node_info
@@ -58,13 +59,13 @@ def new_claim(name: str) -> Obj:
 def reconciler(api: FakeAPIServer, worker: AllocationWorker, *claims: Obj) -> ClaimReconciler:
     informer = FakeInformer(*(api.put(claim_path(c["metadata"]["name"]), c) for c in claims))
     return ClaimReconciler(
-        cast(Any, api),
-        "dradriver.dev",
-        cast(Any, informer),
-        cast(Any, FakeInformer()),
-        cast(Any, FakeInformer(*slices())),
-        cast(Any, FakeInformer(GPU)),
-        cast(Any, FakeInformer(*NODES)),
+        ClaimContext.create(cast(Any, api), "dradriver.dev", cast(Any, informer)),
+        ClaimSources(
+            cast(Any, FakeInformer()),
+            cast(Any, FakeInformer(*slices())),
+            cast(Any, FakeInformer(GPU)),
+            cast(Any, FakeInformer(*NODES)),
+        ),
         worker=worker,
     )
 

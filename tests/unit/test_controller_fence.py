@@ -1,6 +1,6 @@
-"""Fence claims: the pure rules of controller/claims/fences.py, and the fence lifecycle
-(controller/claims/fencing.py) and conflict hold (conflicts.py) as the ClaimReconciler runs
-them against the fake apiserver (resourceVersions ordered like etcd's)."""
+"""Fence claims: the pure rules of controller/claims/fence_rules.py, and the fence
+lifecycle (controller/claims/fence_lifecycle.py) and conflict hold (conflicts.py) as the
+ClaimReconciler runs them against the fake apiserver (resourceVersions ordered like etcd's)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,10 @@ from typing import Any, cast
 
 import pytest
 
-from controller.claims import fences as fence
+from controller.claims import fence_rules as fence
+from controller.claims.context import ClaimContext, ClaimSettings, ClaimSources
 from controller.claims.reconciler import ClaimReconciler
+from controller.claims.scheduler import SchedulerActivity
 from dradriver.allocator import AllocatedState, DeviceID
 from dradriver.api.wellknown import (
     ALLOCATION_ANNOTATION,
@@ -229,19 +231,24 @@ class Rig:
         self.claims = FakeInformer()
         other = FakeInformer()
         self.enqueued: list[str] = []
-        self.rec = ClaimReconciler(
+        context = ClaimContext.create(
             cast(Any, self.api),
             "dradriver.dev",
             cast(Any, self.claims),
-            cast(Any, other),
-            cast(Any, FakeInformer()),
-            cast(Any, FakeInformer()),
-            cast(Any, other),
+            scheduler=SchedulerActivity(None, removal_quiet=removal_quiet),
+            enqueue=self.enqueued.append,
             namespaces=namespaces,
-            fence_namespace=FNS,
-            removal_quiet=removal_quiet,
         )
-        self.rec.enqueue = self.enqueued.append
+        self.rec = ClaimReconciler(
+            context,
+            ClaimSources(
+                cast(Any, other),
+                cast(Any, FakeInformer()),
+                cast(Any, FakeInformer()),
+                cast(Any, other),
+            ),
+            ClaimSettings(fence_namespace=FNS),
+        )
 
     def store(self, obj: Obj) -> Obj:
         """Written to the API server and seen by the informer."""

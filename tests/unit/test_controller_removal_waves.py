@@ -10,6 +10,7 @@ from typing import Any, cast
 
 import pytest
 
+from controller.claims.context import ClaimContext, ClaimSources
 from controller.claims.reconciler import ClaimReconciler
 from controller.claims.scheduler import SchedulerActivity
 from dradriver.api.wellknown import FINALIZER
@@ -93,14 +94,13 @@ def test_deleted_claims_are_all_deallocated_in_one_wave() -> None:
     api = FakeAPIServer()
     claims = FakeInformer()
     rec = ClaimReconciler(
-        cast(Any, api),
-        "dradriver.dev",
-        cast(Any, claims),
-        cast(Any, FakeInformer()),
-        cast(Any, FakeInformer()),
-        cast(Any, FakeInformer()),
-        cast(Any, FakeInformer()),
-        removal_quiet=QUIET,
+        ClaimContext.create(
+            cast(Any, api),
+            "dradriver.dev",
+            cast(Any, claims),
+            scheduler=SchedulerActivity(None, removal_quiet=QUIET),
+        ),
+        ClaimSources(*(cast(Any, FakeInformer()) for _ in range(4))),
     )
     names = [f"c-{i}" for i in range(20)]
     for i, name in enumerate(names):
@@ -118,14 +118,13 @@ def test_a_claim_allocated_just_now_is_not_cleared_in_the_wave() -> None:
     api = FakeAPIServer()
     claims = FakeInformer()
     rec = ClaimReconciler(
-        cast(Any, api),
-        "dradriver.dev",
-        cast(Any, claims),
-        cast(Any, FakeInformer()),
-        cast(Any, FakeInformer()),
-        cast(Any, FakeInformer()),
-        cast(Any, FakeInformer()),
-        removal_quiet=QUIET,
+        ClaimContext.create(
+            cast(Any, api),
+            "dradriver.dev",
+            cast(Any, claims),
+            scheduler=SchedulerActivity(None, removal_quiet=QUIET),
+        ),
+        ClaimSources(*(cast(Any, FakeInformer()) for _ in range(4))),
     )
     claims.apply(api.put(claim_path("old"), deleted_claim("old", "dev-0")))
     rec.holdings.seen_at["ns/old"] -= 2 * QUIET
@@ -142,14 +141,13 @@ def test_a_claim_with_only_our_finalizer_is_freed_by_its_deletion_in_one_write()
     api = FakeAPIServer()
     claims = FakeInformer()
     rec = ClaimReconciler(
-        cast(Any, api),
-        "dradriver.dev",
-        cast(Any, claims),
-        cast(Any, FakeInformer()),
-        cast(Any, FakeInformer()),
-        cast(Any, FakeInformer()),
-        cast(Any, FakeInformer()),
-        removal_quiet=0,
+        ClaimContext.create(
+            cast(Any, api),
+            "dradriver.dev",
+            cast(Any, claims),
+            scheduler=SchedulerActivity(None, removal_quiet=0),
+        ),
+        ClaimSources(*(cast(Any, FakeInformer()) for _ in range(4))),
     )
     claims.apply(api.put(claim_path("only"), deleted_claim("only", "dev-0")))
     shared = deleted_claim("shared", "dev-1")

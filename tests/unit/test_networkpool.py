@@ -8,7 +8,6 @@ from typing import Any
 
 import pytest
 
-from controller.claims.allocation import allocated_node
 from controller.networkpools.attach import (
     AttachError,
     AttachRequest,
@@ -17,7 +16,8 @@ from controller.networkpools.attach import (
     backend_for,
     parse_attach_output,
 )
-from controller.networkpools.reconciler import network_pool, pools_of_claim
+from controller.networkpools.pool import network_pool, pools_of_claim
+from controller.resourceclaims import allocated_node
 from devtools import crds
 from dradriver.api import networkpool as net
 from dradriver.k8s.objects import Obj

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from controller.networkpools.reconciler import network_pool
+from controller.networkpools.pool import network_pool
 from dradriver.api import networkpool as net
 from dradriver.devices.model import Device
 from dradriver.k8s.errors import KubeAPIError

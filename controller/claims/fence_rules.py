@@ -42,7 +42,7 @@ the scheduler's set). The residual risk: between the removal and the fence's all
 write (milliseconds) a scheduling cycle can still pick D; and marks are kept in memory,
 so a controller that crashes in that window leaves the set un-repaired.
 
-Everything here is pure (no I/O); :mod:`controller.claims.fencing` does the API calls.
+Everything here is pure (no I/O); :mod:`controller.claims.fence_lifecycle` does the API calls.
 """
 
 from __future__ import annotations
@@ -54,11 +54,11 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
+from controller.resourceclaims import FENCE_LABEL as FENCE_LABEL
+from controller.resourceclaims import is_fence as is_fence
 from dradriver.allocator import AllocatedState, DeviceID
-from dradriver.k8s.objects import Obj, annotations_of, labels_of, meta, revision
+from dradriver.k8s.objects import Obj, allocation_of, annotations_of, meta, revision
 
-FENCE_LABEL = "dradriver.dev/fence"
-"""``dradriver.dev/fence: "true"`` marks a fence claim."""
 HOLDER_ANNOTATION = "dradriver.dev/fence-holder"
 """The claim (``namespace/name``) the fence was created to guard."""
 DEVICES_ANNOTATION = "dradriver.dev/fence-devices"
@@ -78,10 +78,6 @@ def fence_key(namespace: str, device: DeviceID) -> str:
     return f"{namespace}/{fence_name(device)}"
 
 
-def is_fence(claim: Mapping[str, Any] | None) -> bool:
-    return claim is not None and labels_of(claim).get(FENCE_LABEL) == "true"
-
-
 def is_fence_key(namespace: str, key: str) -> bool:
     """Whether ``key`` names a fence of ours (the name alone; see :func:`is_fence`)."""
     ns, _, name = key.partition("/")
@@ -89,7 +85,7 @@ def is_fence_key(namespace: str, key: str) -> bool:
 
 
 def allocated(claim: Mapping[str, Any] | None) -> bool:
-    return bool(((claim or {}).get("status") or {}).get("allocation"))
+    return claim is not None and allocation_of(claim) is not None
 
 
 def exclusive(allocation: Mapping[str, Any] | None) -> list[DeviceID]:
@@ -110,7 +106,7 @@ def fence_devices(claim: Mapping[str, Any]) -> list[DeviceID]:
             return [(str(d[0]), str(d[1]), str(d[2])) for d in json.loads(raw)]
         except (ValueError, TypeError, IndexError, KeyError):
             pass
-    return exclusive((claim.get("status") or {}).get("allocation"))
+    return exclusive(allocation_of(claim))
 
 
 def new_fence(namespace: str, devices: Iterable[DeviceID], holder: str) -> Obj:
@@ -183,10 +179,10 @@ def removed_devices(old: Mapping[str, Any] | None, new: Mapping[str, Any] | None
     """
     if old is None:
         return []
-    before = (old.get("status") or {}).get("allocation")
+    before = allocation_of(old)
     if not before:
         return []
-    if new is not None and (new.get("status") or {}).get("allocation"):
+    if new is not None and allocation_of(new):
         return []
     return exclusive(before)
 
