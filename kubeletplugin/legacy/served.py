@@ -16,7 +16,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection, Iterable, Sequence
 
-from dradriver.deviceplugin.server import DevicePluginManager, PluginDevice
+from dradriver.deviceplugin.endpoints import DevicePluginManager
+from dradriver.deviceplugin.server import PluginDevice
 from dradriver.devices.config import DevicePluginConfig
 from dradriver.devices.model import MAX_TAINTS_PER_DEVICE, Device, DeviceTaint
 from dradriver.devices.topology import Topology, device_topology, natural_key

@@ -34,12 +34,12 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
 
-from dradriver.deviceplugin.server import (
-    ContainerAllocation,
+from dradriver.deviceplugin.endpoints import (
     DevicePluginEndpoint,
     DevicePluginManager,
     socket_name,
 )
+from dradriver.deviceplugin.server import ContainerAllocation
 from dradriver.devices.config import DevicePluginConfig
 from dradriver.devices.model import Device
 from dradriver.host.cdi import CDIRegistry
