@@ -50,7 +50,7 @@ from devtools.cluster.api import AdminAPI
 from devtools.cluster.local import LocalCluster, running_cluster
 from devtools.cluster.wait import wait_until
 from devtools.harness.nodeplugin import NodePlugin, start_node_plugin
-from dradriver.deviceplugin.server import socket_name
+from dradriver.deviceplugin.endpoints import socket_name
 from dradriver.devices.static import create_mock_device
 from dradriver.k8s.paths import RESOURCE_V1, path_for
 from dradriver.kubeletapi.gen import deviceplugin_v1beta1_pb2 as dp

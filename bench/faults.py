@@ -78,7 +78,7 @@ from devtools.harness.controller import (
 )
 from dradriver.api import parameters as params
 from dradriver.api.wellknown import ALLOCATION_ANNOTATION, STATUS_ANNOTATION
-from dradriver.deviceplugin.server import socket_name
+from dradriver.deviceplugin.endpoints import socket_name
 from dradriver.host.cdi import CDIRegistry
 from dradriver.k8s.errors import KubeAPIError
 from dradriver.k8s.objects import Obj

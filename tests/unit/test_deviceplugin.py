@@ -4,13 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dradriver.deviceplugin.server import socket_name
 from dradriver.devices.config import DriverConfigError, parse_config
 from dradriver.devices.model import Device
 from dradriver.devices.topology import (
@@ -90,14 +88,6 @@ devicePlugin:
     ).device_plugin
     devices = [Device(name="dev-0"), Device(name="dev-1")]
     assert config.overlaps(devices, DRIVER) == ["dev-1 (a.io/x, a.io/y)"]
-
-
-def test_socket_names_are_unique_and_fit() -> None:
-    assert socket_name("dradriver.dev/mock") == "dradriver.dev_mock.sock"
-    assert socket_name("dradriver.dev/mock", "pod-1") == "dradriver.dev_mock-pod-1.sock"
-    long = "a" * 60 + ".example.com/" + "b" * 60
-    name = socket_name(long, "", Path("/var/lib/kubelet/device-plugins"))
-    assert name.startswith("dp-") and len(f"/var/lib/kubelet/device-plugins/{name}") < 108
 
 
 # ----- topology ----------------------------------------------------------------------
