@@ -14,8 +14,8 @@ with the search in a child process (2-CPU dev VM). So allocations run in a child
   when it passes. A child that does not answer within the budget plus
   :data:`KILL_GRACE` (a selector stuck in C, a CEL worker timing out repeatedly) is
   killed, and the next job starts a new one.
-* **Inventory**: the child keeps the :class:`~dradriver.allocator.Allocator` of the last
-  inventory it was sent (with its selector-result cache); a job sends the ResourceSlices
+* **Slices**: the child keeps the :class:`~dradriver.allocator.Allocator` of the last
+  snapshot it was sent (with its selector-result cache); a job sends the ResourceSlices
   and DeviceClasses again only when their generation changed or the child is new.
 * **Holdings**: the child keeps its copy of what is allocated; a job carries a snapshot
   of the controller's (:meth:`~dradriver.allocator.AllocatedState.snapshot`), and only
@@ -82,6 +82,7 @@ __all__ = [
     "AllocationStats",
     "AllocationWorker",
     "Inventory",
+    "SliceSnapshot",
     "main",
     "run_batch",
     "run_job",
@@ -97,12 +98,16 @@ _CHILD = "from controller.claims.worker import main; main()"
 
 
 @dataclass(frozen=True)
-class Inventory:
+class SliceSnapshot:
     """The ResourceSlices and DeviceClasses to allocate from; ``generation`` names them."""
 
     generation: int
     slices: tuple[Obj, ...]
     classes: tuple[Obj, ...]
+
+
+Inventory = SliceSnapshot
+"""Deprecated name of :class:`SliceSnapshot` (``controller.claims.reconciler`` uses it)."""
 
 
 @dataclass(frozen=True)
@@ -193,12 +198,12 @@ class AllocationWorker:
         """The child's command line; a change applies from the next child on."""
         return self._child.command
 
-    async def allocate(self, job: AllocationJob, inventory: Inventory) -> AllocationAnswer:
+    async def allocate(self, job: AllocationJob, inventory: SliceSnapshot) -> AllocationAnswer:
         """The child's answer; a child that fails or overruns is an answer too, not raised."""
         return (await self.allocate_batch([job], inventory))[0]
 
     async def allocate_batch(
-        self, jobs: Sequence[AllocationJob], inventory: Inventory
+        self, jobs: Sequence[AllocationJob], inventory: SliceSnapshot
     ) -> list[AllocationAnswer]:
         """One answer per job, in order (module docstring, *Batches*); the jobs share the
         first one's holdings. A failure or an overrun answers every job of the batch."""
@@ -228,7 +233,7 @@ class AllocationWorker:
     # --- in the I/O thread --------------------------------------------------------------
 
     def _roundtrip(
-        self, jobs: list[AllocationJob], inventory: Inventory, abandoned: threading.Event
+        self, jobs: list[AllocationJob], inventory: SliceSnapshot, abandoned: threading.Event
     ) -> list[AllocationAnswer]:
         def every(answer: AllocationAnswer) -> list[AllocationAnswer]:
             return [answer] * len(jobs)
@@ -272,7 +277,7 @@ class AllocationWorker:
             return every(AllocationAnswer(None, f"the allocating process answered {reply!r}"))
         return reply
 
-    def _exchange(self, jobs: list[AllocationJob], inventory: Inventory, timeout: float) -> Any:
+    def _exchange(self, jobs: list[AllocationJob], inventory: SliceSnapshot, timeout: float) -> Any:
         """Send the jobs with what the child lacks (module docstring); its reply."""
         send = inventory if self._generation != inventory.generation else None
         base = self._holdings

@@ -1,8 +1,8 @@
 """What a driver wants published for one ResourceSlice pool, whoever publishes it.
 
-A :class:`Pool` is the desired state of one pool (the upstream Go helper's
+A :class:`SlicePool` is the desired state of one pool (the upstream Go helper's
 ``resourceslice.Pool``): its name, where its devices can be used (exactly one of
-:class:`NodeName`, :class:`NodeSelector`, :class:`AllNodes`,
+:class:`NodeName`, :class:`PoolNodeSelector`, :class:`AllNodes`,
 :class:`PerDeviceNodeSelection`), its devices and counter sets in wire form
 (resource.k8s.io/v1 JSON, in publishing order), the owner the slices are
 garbage-collected with, and how its slices are named, labelled, sized and
@@ -53,7 +53,7 @@ class NodeName:
 
 
 @dataclass(frozen=True)
-class NodeSelector:
+class PoolNodeSelector:
     """Devices reachable from the nodes a core NodeSelector (exactly one term) matches."""
 
     selector: Mapping[str, Any]
@@ -79,7 +79,7 @@ class PerDeviceNodeSelection:
         return {"perDeviceNodeSelection": True}
 
 
-NodeSelection = NodeName | NodeSelector | AllNodes | PerDeviceNodeSelection
+NodeSelection = NodeName | PoolNodeSelector | AllNodes | PerDeviceNodeSelection
 
 
 @dataclass(frozen=True)
@@ -116,7 +116,7 @@ class Owner:
 
 
 @dataclass(frozen=True)
-class Pool:
+class SlicePool:
     """One pool as the driver wants it published.
 
     ``devices_per_slice`` None fills each slice as far as the API allows (128 devices, or
@@ -214,7 +214,7 @@ def node_slice_prefix(node: str, driver: str) -> str:
 
 def node_pool(
     driver: str, node: str, devices: Sequence[Device], counter_sets: Sequence[CounterSet]
-) -> Pool:
+) -> SlicePool:
     """A node's devices as one pool named after the node, owned by the Node.
 
     Devices are published sorted by name, so the allocator's first fit follows names.
@@ -226,7 +226,7 @@ def node_pool(
         raise SliceError(str(err)) from err
     api_devices = tuple(d.to_api(driver) for d in sorted(devices, key=lambda d: d.name))
     _warn_inconsistent_types(api_devices)
-    return Pool(
+    return SlicePool(
         driver=driver,
         name=node,
         node_selection=NodeName(node),
@@ -253,3 +253,10 @@ def _warn_inconsistent_types(api_devices: Sequence[Obj]) -> None:
                     other_device=first[1],
                     other_type=first[0],
                 )
+
+
+# Deprecated names, kept while kubeletplugin.inventory and controller.networkpools use
+# them; new code names SlicePool and PoolNodeSelector (distinct from the allocator's
+# AllocatorPool and the API's NodeSelector).
+Pool = SlicePool
+NodeSelector = PoolNodeSelector
