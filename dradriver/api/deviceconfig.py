@@ -8,7 +8,6 @@ DeviceClaimParametersSpec.device_config`).
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
@@ -18,7 +17,7 @@ from dradriver.devices import names
 from dradriver.errors import FieldError, FieldErrors, from_validation_error
 
 # fullmatch: with re.match, "$" also matches before a trailing newline ("A\n" would pass).
-_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_ENV_NAME = names.C_IDENTIFIER_RE
 
 
 def _profile(value: str) -> str:

@@ -18,7 +18,6 @@ built from it: treat them as read-only.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,7 +30,6 @@ from dradriver.log import get_logger
 
 log = get_logger("devices.slices")
 
-_POOL_NAME_SEGMENT = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 _DEVICE_NODE_FIELDS = ("nodeName", "nodeSelector", "allNodes")
 
 
@@ -159,7 +157,7 @@ def _check_pool_name(name: str) -> None:
     # The API's rule: DNS subdomains separated by slashes, at most 253 characters.
     if not name or len(name) > names.DNS_SUBDOMAIN_MAX_LENGTH:
         raise SliceError(f"pool name {name!r} must have 1 to 253 characters")
-    if not all(_POOL_NAME_SEGMENT.fullmatch(segment) for segment in name.split("/")):
+    if not all(names.DNS_SUBDOMAIN_RE.fullmatch(segment) for segment in name.split("/")):
         raise SliceError(f"pool name {name!r} is not DNS subdomains separated by '/'")
 
 
