@@ -44,7 +44,7 @@ Other bad values::
 
     ValueError
     ├── api.pinnedparameters: NotPinned              a reference the controller has not pinned yet
-    ├── devices.quantity: QuantityError              not a Kubernetes quantity
+    ├── k8s.quantity: QuantityError                  not a Kubernetes quantity
     ├── resourceslice.builder: SliceError            devices that cannot be published as one pool
     ├── cel.env: CompileError                        a CEL expression that does not compile
     ├── cel.semver: SemverError                      not a semantic version

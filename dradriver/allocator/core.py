@@ -53,8 +53,8 @@ from dradriver.allocator.nodes import (
 )
 from dradriver.allocator.state import AllocatedState, DeviceID, claim_key
 from dradriver.cel import CompileError, Selector, compile_selector
-from dradriver.devices.quantity import QuantityError
 from dradriver.k8s.objects import Obj
+from dradriver.k8s.quantity import QuantityError
 
 __all__ = [
     "MAX_RESULTS_PER_CLAIM",

@@ -29,8 +29,8 @@ from typing import Any
 from dradriver.allocator.nodes import NodeInfo, selector_matches
 from dradriver.allocator.state import DeviceID, qualify
 from dradriver.cel import DeviceInput, EvalResult, Selector
-from dradriver.devices.quantity import QuantityError, parse_quantity
 from dradriver.k8s.objects import Obj
+from dradriver.k8s.quantity import QuantityError, parse_quantity
 
 __all__ = ["AllocatorPool", "CandidateDevice", "Capacity", "QuantityValue", "SliceInventory"]
 

@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
-from dradriver.devices.quantity import QuantityError, parse_quantity
 from dradriver.k8s.objects import allocation_of
+from dradriver.k8s.quantity import QuantityError, parse_quantity
 
 __all__ = ["AllocatedState", "DeviceID", "Held", "claim_key", "qualify"]
 

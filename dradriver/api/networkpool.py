@@ -35,10 +35,10 @@ from dradriver import DEFAULT_DRIVER_NAME
 from dradriver.api import group
 from dradriver.api.crdgen import CRDKind
 from dradriver.api.parameters import DNS_LABEL_PATTERN, ENV_NAME_PATTERN, MAX_ENV
-from dradriver.devices import names
 from dradriver.devices.attributes import attribute_value
-from dradriver.devices.quantity import QuantityError, parse_quantity
 from dradriver.errors import FieldError, FieldErrors, from_validation_error, under
+from dradriver.k8s import names
+from dradriver.k8s.quantity import QuantityError, parse_quantity
 
 VERSION = group.VERSION
 KIND = "NetworkDevicePool"

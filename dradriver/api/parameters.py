@@ -48,8 +48,8 @@ from dradriver import DEFAULT_DRIVER_NAME
 from dradriver.api import group, wellknown
 from dradriver.api.crdgen import CRDKind
 from dradriver.api.deviceconfig import DeviceConfig, DeviceConfigError, parse_device_config
-from dradriver.devices import names
 from dradriver.errors import FieldError, FieldErrors, from_validation_error, under
+from dradriver.k8s import names
 from dradriver.k8s.objects import now_rfc3339 as now_rfc3339  # re-exported: params.now_rfc3339
 
 VERSION = group.VERSION  # shared with the DeviceConfig opaque parameters

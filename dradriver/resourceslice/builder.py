@@ -26,14 +26,14 @@ from collections.abc import Sequence
 from decimal import Decimal
 from typing import Any
 
-from dradriver.devices import names
-from dradriver.devices.quantity import QuantityError, parse_quantity
+from dradriver.k8s import names
 from dradriver.k8s.limits import (
     MAX_COUNTER_SETS_PER_SLICE,
     MAX_DEVICES_PER_SLICE,
     MAX_DEVICES_PER_SLICE_WITH_TAINTS_OR_COUNTERS,
 )
 from dradriver.k8s.objects import Obj
+from dradriver.k8s.quantity import QuantityError, parse_quantity
 from dradriver.resourceslice.pool import SliceError, SlicePool
 
 API_VERSION = "resource.k8s.io/v1"

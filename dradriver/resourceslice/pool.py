@@ -22,8 +22,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from dradriver.devices import names
 from dradriver.devices.model import CounterSet, Device
+from dradriver.k8s import names
 from dradriver.k8s.limits import MAX_DEVICES_PER_SLICE_WITH_TAINTS_OR_COUNTERS
 from dradriver.k8s.objects import Obj
 from dradriver.log import get_logger

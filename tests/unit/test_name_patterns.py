@@ -7,7 +7,7 @@ import re
 import pytest
 
 from dradriver.api import parameters
-from dradriver.devices import names
+from dradriver.k8s import names
 
 
 def test_schema_patterns_are_the_anchored_formats_crds_carry() -> None:
