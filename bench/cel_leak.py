@@ -112,9 +112,9 @@ def in_worker(n: int, recycle_after: int) -> Row:
     def run(i: int) -> None:
         nonlocal peak
         assert child.evaluate(SELECTOR, DRIVER, devices[i % len(devices)]) == (True, None, False)
-        proc = child._proc
-        if proc is not None and i % 500 == 0:
-            peak = max(peak, rss(proc.pid))
+        pid = child.pid
+        if pid is not None and i % 500 == 0:
+            peak = max(peak, rss(pid))
 
     row = _measure("worker, recycled", n, run)
     row.callbacks = child.stats.callbacks_total

@@ -44,7 +44,7 @@ Other bad values::
 
     ValueError
     ├── api.pinnedparameters: NotPinned              a reference the controller has not pinned yet
-    ├── devices.quantity: QuantityError              not a Kubernetes quantity
+    ├── k8s.quantity: QuantityError                  not a Kubernetes quantity
     ├── resourceslice.builder: SliceError            devices that cannot be published as one pool
     ├── cel.env: CompileError                        a CEL expression that does not compile
     ├── cel.semver: SemverError                      not a semantic version
@@ -80,7 +80,8 @@ Node state, devices and the kubelet::
     ├── runtime.informer: WatchError                 a watch stream that broke
     ├── resourceslice.publisher: DroppedFieldsError  the apiserver dropped fields of a slice
     ├── host.hooks: HookError                        a setup or teardown hook that failed
-    ├── cel.worker: WorkerError                      the CEL worker process did not answer
+    ├── runtime.childworker: WorkerError             a worker process did not answer
+    │   └── WorkerTimeout                            none in time
     └── cli.explain: ExplainError                    ``dradriver explain`` cannot answer
 
 Control flow inside one module's API, never meant to reach a user: ``runtime.controller:

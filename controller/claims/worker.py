@@ -14,8 +14,8 @@ with the search in a child process (2-CPU dev VM). So allocations run in a child
   when it passes. A child that does not answer within the budget plus
   :data:`KILL_GRACE` (a selector stuck in C, a CEL worker timing out repeatedly) is
   killed, and the next job starts a new one.
-* **Inventory**: the child keeps the :class:`~dradriver.allocator.Allocator` of the last
-  inventory it was sent (with its selector-result cache); a job sends the ResourceSlices
+* **Slices**: the child keeps the :class:`~dradriver.allocator.Allocator` of the last
+  snapshot it was sent (with its selector-result cache); a job sends the ResourceSlices
   and DeviceClasses again only when their generation changed or the child is new.
 * **Holdings**: the child keeps its copy of what is allocated; a job carries a snapshot
   of the controller's (:meth:`~dradriver.allocator.AllocatedState.snapshot`), and only
@@ -32,29 +32,26 @@ with the search in a child process (2-CPU dev VM). So allocations run in a child
   against 0.4-1.5 ms for one claim over 10,000 devices on the loaded 2-CPU dev VM: pipe,
   thread and process wake-ups), so claims that wait for the worker go together.
 
-Protocol on the child's stdin and (a duplicate of) its stdout: frames of an 8-byte
-big-endian length and a pickle. The parent sends ``(inventory or None, changed, removed,
-jobs)`` (the holdings' changes, a list of jobs); the child answers a list of
-:class:`AllocationAnswer` s, one per job, after a first ``("ready", pid)``. The child
-evaluates callback selectors through :mod:`dradriver.cel.worker` as any allocator does.
+The process handling is :class:`dradriver.runtime.childworker.ChildWorker`'s. Protocol
+(:data:`~dradriver.runtime.childworker.PICKLE_FRAMES`) on the child's stdin and (a
+duplicate of) its stdout: frames of an 8-byte big-endian length and a pickle. The
+parent sends ``(inventory or None, changed, removed, jobs)`` (the holdings' changes, a
+list of jobs); the child answers a list of :class:`AllocationAnswer` s, one per job,
+after a first ``("ready", pid)``. The child evaluates callback selectors through
+:mod:`dradriver.cel.worker` as any allocator does.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
-import pickle
-import select
-import signal
-import subprocess
 import sys
 import threading
 import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
-from typing import Any, BinaryIO
+from typing import Any
 
 from dradriver.allocator import (
     AllocatedState,
@@ -69,14 +66,23 @@ from dradriver.allocator import (
 from dradriver.allocator.core import OUT_OF_TIME
 from dradriver.k8s.objects import Obj
 from dradriver.log import get_logger
+from dradriver.runtime.childworker import (
+    PICKLE_FRAMES,
+    ChildEnd,
+    ChildWorker,
+    WorkerError,
+    WorkerStats,
+    WorkerTimeout,
+)
 
 __all__ = [
     "KILL_GRACE",
     "AllocationAnswer",
     "AllocationJob",
+    "AllocationStats",
     "AllocationWorker",
     "Inventory",
-    "WorkerStats",
+    "SliceSnapshot",
     "main",
     "run_batch",
     "run_job",
@@ -89,16 +95,19 @@ KILL_GRACE = 10.0
 evaluation may take 5 s before it is stopped; the inventory is unpickled and indexed)."""
 START_TIMEOUT = 60.0
 _CHILD = "from controller.claims.worker import main; main()"
-_HEADER = 8
 
 
 @dataclass(frozen=True)
-class Inventory:
+class SliceSnapshot:
     """The ResourceSlices and DeviceClasses to allocate from; ``generation`` names them."""
 
     generation: int
     slices: tuple[Obj, ...]
     classes: tuple[Obj, ...]
+
+
+Inventory = SliceSnapshot
+"""Deprecated name of :class:`SliceSnapshot` (``controller.claims.reconciler`` uses it)."""
 
 
 @dataclass(frozen=True)
@@ -133,12 +142,16 @@ class AllocationAnswer:
 
 
 @dataclass
-class WorkerStats:
+class AllocationStats(WorkerStats):
+    """``kills``: over budget, cancelled, or broken."""
+
     jobs: int = 0
-    starts: int = 0
-    kills: int = 0  # over budget, cancelled, or broken
     inventories_sent: int = 0
     batches: int = 0  # round trips (a batch of one or more jobs each)
+
+
+def _ready(message: Any) -> bool:
+    return isinstance(message, tuple) and message[:1] == ("ready",)
 
 
 def run_job(allocator: Allocator, state: AllocatedState, job: AllocationJob) -> AllocationAnswer:
@@ -159,19 +172,6 @@ def run_job(allocator: Allocator, state: AllocatedState, job: AllocationJob) -> 
     return AllocationAnswer(None, message, outcome.exhausted, seconds=time.monotonic() - started)
 
 
-class WorkerError(RuntimeError):
-    """The child did not answer (exit, garbage); the message says how."""
-
-
-class _Timeout(WorkerError):
-    pass
-
-
-def _frame(message: Any) -> bytes:
-    payload = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
-    return len(payload).to_bytes(_HEADER, "big") + payload
-
-
 class AllocationWorker:
     """Runs :class:`AllocationJob` s in a child process, one at a time (FIFO).
 
@@ -181,21 +181,29 @@ class AllocationWorker:
 
     def __init__(self, grace: float = KILL_GRACE, command: Sequence[str] | None = None) -> None:
         self.grace = grace
-        self.command = list(command or [sys.executable, "-c", _CHILD])
-        self.stats = WorkerStats()
+        self.stats = AllocationStats()
+        self._child = ChildWorker(
+            command or [sys.executable, "-c", _CHILD],
+            PICKLE_FRAMES,
+            _ready,
+            start_timeout=START_TIMEOUT,
+            stats=self.stats,
+        )
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="allocation-worker")
-        self._proc: subprocess.Popen[bytes] | None = None
         self._generation: int | None = None  # the inventory the child holds
         self._holdings: Mapping[str, tuple[Held, ...]] = {}  # the child's copy of them
-        self._buffer = b""
-        self._interrupted: int | None = None  # the child killed by a cancellation
 
-    async def allocate(self, job: AllocationJob, inventory: Inventory) -> AllocationAnswer:
+    @property
+    def command(self) -> list[str]:
+        """The child's command line; a change applies from the next child on."""
+        return self._child.command
+
+    async def allocate(self, job: AllocationJob, inventory: SliceSnapshot) -> AllocationAnswer:
         """The child's answer; a child that fails or overruns is an answer too, not raised."""
         return (await self.allocate_batch([job], inventory))[0]
 
     async def allocate_batch(
-        self, jobs: Sequence[AllocationJob], inventory: Inventory
+        self, jobs: Sequence[AllocationJob], inventory: SliceSnapshot
     ) -> list[AllocationAnswer]:
         """One answer per job, in order (module docstring, *Batches*); the jobs share the
         first one's holdings. A failure or an overrun answers every job of the batch."""
@@ -209,7 +217,7 @@ class AllocationWorker:
         except asyncio.CancelledError:
             # Nobody wants the answer: the round trip ends (or is skipped) at once.
             abandoned.set()
-            self._interrupt()
+            self._child.interrupt()
             raise
 
     async def close(self) -> None:
@@ -220,13 +228,12 @@ class AllocationWorker:
 
     @property
     def pid(self) -> int | None:
-        proc = self._proc
-        return proc.pid if proc is not None else None
+        return self._child.pid
 
     # --- in the I/O thread --------------------------------------------------------------
 
     def _roundtrip(
-        self, jobs: list[AllocationJob], inventory: Inventory, abandoned: threading.Event
+        self, jobs: list[AllocationJob], inventory: SliceSnapshot, abandoned: threading.Event
     ) -> list[AllocationAnswer]:
         def every(answer: AllocationAnswer) -> list[AllocationAnswer]:
             return [answer] * len(jobs)
@@ -238,23 +245,12 @@ class AllocationWorker:
         started = time.monotonic()
         budget = sum(job.budget for job in jobs)
         try:
-            if self._proc is None or self._proc.poll() is not None:
-                self._start()
+            if self._child.ensure_started():
+                self._generation, self._holdings = None, {}
             if abandoned.is_set():  # cancelled meanwhile
                 return every(AllocationAnswer(None, "abandoned"))
-            send = inventory if self._generation != inventory.generation else None
-            base = self._holdings
-            holdings = jobs[0].holdings
-            changed = {k: v for k, v in holdings.items() if base.get(k) is not v}
-            removed = [k for k in base if k not in holdings]
-            bare = [replace(job, holdings={}) for job in jobs]
-            self._write(_frame((send, changed, removed, bare)))
-            self._holdings = holdings
-            if send is not None:
-                self.stats.inventories_sent += 1
-                self._generation = inventory.generation
-            reply = self._read(budget + self.grace)
-        except _Timeout:
+            reply = self._exchange(jobs, inventory, budget + self.grace)
+        except WorkerTimeout:
             self._stop(kill=True)
             log.warning(
                 "allocation worker overran its budget: stopped",
@@ -281,113 +277,35 @@ class AllocationWorker:
             return every(AllocationAnswer(None, f"the allocating process answered {reply!r}"))
         return reply
 
-    def _start(self) -> None:
-        self._stop(kill=True)
-        self._proc = subprocess.Popen(
-            self.command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, close_fds=True
-        )
-        self._buffer = b""
-        self._generation = None
-        self._holdings = {}
-        self.stats.starts += 1
-        ready = self._read(START_TIMEOUT)
-        if not (isinstance(ready, tuple) and ready[:1] == ("ready",)):
-            raise WorkerError(f"it did not start: {ready!r}")
-
-    def _interrupt(self) -> None:
-        """Kill the child from another thread; the I/O thread sees its exit and cleans up."""
-        proc = self._proc
-        if proc is not None and proc.returncode is None and proc.pid != self._interrupted:
-            self._interrupted = proc.pid  # counted once, here, not again by _stop
-            self.stats.kills += 1
-            with contextlib.suppress(OSError):
-                proc.kill()
+    def _exchange(self, jobs: list[AllocationJob], inventory: SliceSnapshot, timeout: float) -> Any:
+        """Send the jobs with what the child lacks (module docstring); its reply."""
+        send = inventory if self._generation != inventory.generation else None
+        base = self._holdings
+        holdings = jobs[0].holdings
+        changed = {k: v for k, v in holdings.items() if base.get(k) is not v}
+        removed = [k for k in base if k not in holdings]
+        bare = [replace(job, holdings={}) for job in jobs]
+        self._child.send((send, changed, removed, bare))
+        self._holdings = holdings
+        if send is not None:
+            self.stats.inventories_sent += 1
+            self._generation = inventory.generation
+        return self._child.receive(timeout)
 
     def _stop(self, kill: bool) -> None:
-        proc, self._proc = self._proc, None
+        self._child.stop(kill)
         self._generation = None
         self._holdings = {}
-        if proc is None:
-            return
-        if kill and proc.poll() is None:
-            if proc.pid != self._interrupted:
-                self.stats.kills += 1
-            proc.kill()
-        with contextlib.suppress(OSError):
-            if proc.stdin is not None:
-                proc.stdin.close()  # the child's end of input: it exits
-        try:
-            proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        if proc.stdout is not None:
-            proc.stdout.close()
-
-    def _write(self, data: bytes) -> None:
-        proc = self._proc
-        assert proc is not None and proc.stdin is not None
-        try:
-            proc.stdin.write(data)
-            proc.stdin.flush()
-        except OSError as e:
-            raise self._failure(f"could not send to it: {e}") from None
-
-    def _read(self, timeout: float) -> Any:
-        proc = self._proc
-        assert proc is not None and proc.stdout is not None
-        fd = proc.stdout.fileno()
-        deadline = time.monotonic() + timeout
-        need = _HEADER
-        while True:
-            if len(self._buffer) >= _HEADER:
-                need = _HEADER + int.from_bytes(self._buffer[:_HEADER], "big")
-                if len(self._buffer) >= need:
-                    break
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise _Timeout(f"no answer within {timeout:g} s")
-            readable, _, _ = select.select([fd], [], [], left)
-            if not readable:
-                continue
-            chunk = os.read(fd, max(1 << 16, need - len(self._buffer)))
-            if not chunk:
-                raise self._failure("it exited")
-            self._buffer += chunk
-        payload, self._buffer = self._buffer[_HEADER:need], self._buffer[need:]
-        try:
-            return pickle.loads(payload)
-        except Exception as e:
-            raise self._failure(f"unreadable answer: {e}") from None
-
-    def _failure(self, what: str) -> WorkerError:
-        proc = self._proc
-        code = proc.poll() if proc is not None else None
-        return WorkerError(what + (f" (exit status {code})" if code is not None else ""))
-
-
-def _read_frame(stream: BinaryIO) -> Any | None:
-    header = stream.read(_HEADER)
-    if len(header) < _HEADER:
-        return None  # the parent closed our input (or died): done
-    payload = stream.read(int.from_bytes(header, "big"))
-    return pickle.loads(payload)
 
 
 def main() -> None:
     """The child: answer jobs from stdin until it closes."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is for the controller to handle
-    out = os.fdopen(os.dup(1), "wb")
-    os.dup2(2, 1)  # stray prints must not corrupt the protocol
-    out.write(_frame(("ready", os.getpid())))
-    out.flush()
+    end = ChildEnd(PICKLE_FRAMES, ignore_sigint=True)
+    end.send(("ready", os.getpid()))
     allocator: Allocator | None = None
     state = AllocatedState()
-    while True:
-        message = _read_frame(sys.stdin.buffer)
-        if message is None:
-            return
-        inventory, changed, removed, jobs = message
+    for payload in end.requests():
+        inventory, changed, removed, jobs = PICKLE_FRAMES.decode(payload)
         state.update(changed, removed)
         try:
             if inventory is not None:
@@ -398,8 +316,7 @@ def main() -> None:
         except Exception as e:  # a bug must cost the claims, not the worker
             failed = AllocationAnswer(None, f"allocation failed: {type(e).__name__}: {e}")
             answers = [failed] * len(jobs)
-        out.write(_frame(answers))
-        out.flush()
+        end.send(answers)
 
 
 def run_batch(

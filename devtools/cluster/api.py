@@ -14,7 +14,6 @@ from typing import Any
 
 from devtools.cluster.wait import wait_until
 from dradriver.k8s.client import SyncKubeClient, connection_from_files
-from dradriver.k8s.errors import KubeAPIError
 from dradriver.k8s.objects import Obj
 from dradriver.k8s.paths import path_for
 
@@ -49,10 +48,7 @@ class AdminAPI(SyncKubeClient):
 
     def text(self, path: str) -> str:
         """A plain-text answer (``/metrics``, a node's proxied ``/metrics``)."""
-        resp = self._http.get(path, headers=self._headers())
-        if resp.status_code >= 300:
-            raise KubeAPIError("GET", path, resp.status_code, {"message": resp.text[:500]})
-        return resp.text
+        return self.get_text(path)
 
     def pod_log(
         self, namespace: str, pod: str, container: str | None = None, previous: bool = False
@@ -68,11 +64,4 @@ class AdminAPI(SyncKubeClient):
             params["container"] = container
         if previous:
             params["previous"] = "true"
-        resp = self._http.get(path, params=params, headers=self._headers())
-        if resp.status_code >= 300:
-            try:
-                body: Obj = resp.json()
-            except ValueError:
-                body = {"message": resp.text}
-            raise KubeAPIError("GET", path, resp.status_code, body)
-        return resp.text
+        return self.get_text(path, **params)

@@ -99,5 +99,8 @@ FORBIDDEN = frozenset(
         # Tests and benches read /metrics with its parser; the driver writes the format
         # itself (dradriver/metrics.py).
         "prometheus-client",
+        # The tests' and the dev harness' HTTP client; the driver's own transport is
+        # dradriver/k8s/http.py.
+        "httpx",
     }
 )

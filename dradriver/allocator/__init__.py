@@ -29,7 +29,7 @@ from dradriver.allocator.core import (
     tolerates,
 )
 from dradriver.allocator.explain import ExplainRow, explain, format_table, summarize
-from dradriver.allocator.inventory import Device, Pool, SliceInventory
+from dradriver.allocator.inventory import AllocatorPool, CandidateDevice, SliceInventory
 from dradriver.allocator.nodes import NodeInfo, node_info, selector_matches
 from dradriver.allocator.state import AllocatedState, DeviceID, Held, claim_key
 
@@ -38,13 +38,13 @@ __all__ = [
     "AllocatedState",
     "AllocationError",
     "Allocator",
-    "Device",
+    "AllocatorPool",
+    "CandidateDevice",
     "DeviceID",
     "ExplainRow",
     "Held",
     "NodeInfo",
     "Outcome",
-    "Pool",
     "SliceInventory",
     "allocate",
     "claim_key",

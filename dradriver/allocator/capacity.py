@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from decimal import Decimal
 
-from dradriver.allocator.inventory import Capacity, Device, QuantityValue
+from dradriver.allocator.inventory import CandidateDevice, Capacity, QuantityValue
 from dradriver.cel.quantity import display_quantity, format_quantity, is_binary_quantity
 
 __all__ = ["consumed_capacity", "fit"]
@@ -67,7 +67,7 @@ def _violates(amount: QuantityValue, cap: Capacity) -> bool:
 
 
 def consumed_capacity(
-    requests: Mapping[str, QuantityValue] | None, device: Device
+    requests: Mapping[str, QuantityValue] | None, device: CandidateDevice
 ) -> tuple[dict[str, QuantityValue] | None, str | None]:
     """What the device gives up for the request, by qualified name, or why it cannot.
 
@@ -100,7 +100,7 @@ def consumed_capacity(
 
 def fit(
     consumed: Mapping[str, QuantityValue],
-    device: Device,
+    device: CandidateDevice,
     in_use: Mapping[str, Decimal] | None,
     allocating: Mapping[str, Decimal] | None,
 ) -> str | None:

@@ -38,7 +38,12 @@ from decimal import Decimal
 from typing import Any
 
 from dradriver.allocator.capacity import consumed_capacity, fit
-from dradriver.allocator.inventory import Device, Pool, QuantityValue, SliceInventory
+from dradriver.allocator.inventory import (
+    AllocatorPool,
+    CandidateDevice,
+    QuantityValue,
+    SliceInventory,
+)
 from dradriver.allocator.nodes import (
     NodeInfo,
     merge_selectors,
@@ -48,8 +53,8 @@ from dradriver.allocator.nodes import (
 )
 from dradriver.allocator.state import AllocatedState, DeviceID, claim_key
 from dradriver.cel import CompileError, Selector, compile_selector
-from dradriver.devices.quantity import QuantityError
 from dradriver.k8s.objects import Obj
+from dradriver.k8s.quantity import QuantityError
 
 __all__ = [
     "MAX_RESULTS_PER_CLAIM",
@@ -138,7 +143,7 @@ def tolerates(toleration: Mapping[str, Any], taint: Mapping[str, Any]) -> bool:
 
 
 def untolerated(
-    device: Device, tolerations: Sequence[Mapping[str, Any]]
+    device: CandidateDevice, tolerations: Sequence[Mapping[str, Any]]
 ) -> Mapping[str, Any] | None:
     """The first NoSchedule/NoExecute taint of the device no toleration covers."""
     for taint in device.taints:
@@ -181,7 +186,7 @@ class Req:
         self.match = bytearray()
         self.all_mode = False
         self.num = 0
-        self.all_devices: list[Device] = []
+        self.all_devices: list[CandidateDevice] = []
         self.admin = False
         self.tolerations: list[Obj] = []
         self.capacity: dict[str, QuantityValue] | None = None
@@ -193,7 +198,7 @@ class _Result:
     def __init__(
         self,
         req: Req,
-        device: Device,
+        device: CandidateDevice,
         share_id: str | None,
         consumed: dict[str, QuantityValue] | None,
     ) -> None:
@@ -229,7 +234,7 @@ class Constraint:
             return not self.values or self.values[0] == value
         return all(not _same_value(have, value) for have in self.values)
 
-    def add(self, req: Req, device: Device) -> bool:
+    def add(self, req: Req, device: CandidateDevice) -> bool:
         if not self.applies(req):
             return True
         value = device.attribute(self.attribute)
@@ -428,7 +433,7 @@ class _Run:
 
     # --- preparation --------------------------------------------------------------------
 
-    def pools_seen(self) -> list[Pool]:
+    def pools_seen(self) -> list[AllocatorPool]:
         return self.inventory.visible_pools(self.node)
 
     def prepare(self) -> None:
@@ -500,7 +505,7 @@ class _Run:
 
     # --- checks -------------------------------------------------------------------------
 
-    def selectable(self, req: Req, device: Device) -> bool:
+    def selectable(self, req: Req, device: CandidateDevice) -> bool:
         verdict = req.match[device.index]
         if verdict == 0:
             verdict = 1
@@ -517,7 +522,7 @@ class _Run:
             raise AllocationError(self.cel_error(req, device), node_dependent=True)
         return verdict == 1
 
-    def cel_error(self, req: Req, device: Device) -> str:
+    def cel_error(self, req: Req, device: CandidateDevice) -> str:
         claim = self.claims[req.claim_index]
         for label, selector in req.selectors:
             result = self.inventory.evaluate(selector, device)
@@ -526,7 +531,9 @@ class _Run:
                 return f"{who} on device {'/'.join(device.id)}: CEL runtime error: {result.error}"
         return f"device {'/'.join(device.id)}: CEL runtime error"
 
-    def capacity_problem(self, device: Device, consumed: Mapping[str, QuantityValue]) -> str | None:
+    def capacity_problem(
+        self, device: CandidateDevice, consumed: Mapping[str, QuantityValue]
+    ) -> str | None:
         return fit(
             consumed,
             device,
@@ -534,7 +541,7 @@ class _Run:
             self.allocating_capacity.get(device.id),
         )
 
-    def counters(self, pool: Pool) -> dict[str, dict[str, Decimal]]:
+    def counters(self, pool: AllocatorPool) -> dict[str, dict[str, Decimal]]:
         key = id(pool)
         available = self.available_counters.get(key)
         if available is None:
@@ -551,7 +558,7 @@ class _Run:
             self.available_counters[key] = available
         return available
 
-    def take_counters(self, device: Device) -> bool:
+    def take_counters(self, device: CandidateDevice) -> bool:
         available = self.counters(device.pool)
         consumed = self.consumed_counters.setdefault(id(device.pool), {})
         for set_name, counters in device.consumes:
@@ -566,7 +573,7 @@ class _Run:
                 used[counter] = used.get(counter, Decimal(0)) + value
         return True
 
-    def release_counters(self, device: Device) -> None:
+    def release_counters(self, device: CandidateDevice) -> None:
         consumed = self.consumed_counters.get(id(device.pool), {})
         for set_name, counters in device.consumes:
             used = consumed.get(set_name, {})
@@ -660,7 +667,9 @@ class _Run:
             undo()
         return False
 
-    def allocate_device(self, req: Req, device: Device, must: bool) -> Callable[[], None] | None:
+    def allocate_device(
+        self, req: Req, device: CandidateDevice, must: bool
+    ) -> Callable[[], None] | None:
         ci = req.claim_index
         multi = device.allow_multiple
         if not multi and req.admin and ci in self.allocating.get(device.id, ()):

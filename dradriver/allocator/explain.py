@@ -32,7 +32,7 @@ from dradriver.allocator.core import (
     parse_constraints,
     untolerated,
 )
-from dradriver.allocator.inventory import Device, SliceInventory
+from dradriver.allocator.inventory import CandidateDevice, SliceInventory
 from dradriver.allocator.nodes import NodeInfo, node_info
 from dradriver.allocator.state import AllocatedState, claim_key
 from dradriver.cel.quantity import display_quantity
@@ -198,12 +198,12 @@ class _Context:
         self.drivers = set(drivers) if drivers is not None else None
         self._counters: dict[int, dict[str, dict[str, Decimal]]] = {}
 
-    def devices(self) -> Iterable[Device]:
+    def devices(self) -> Iterable[CandidateDevice]:
         for device in [*self.inventory.devices, *self.inventory.stale]:
             if self.drivers is None or device.driver in self.drivers:
                 yield device
 
-    def unreachable(self, device: Device) -> str | None:
+    def unreachable(self, device: CandidateDevice) -> str | None:
         if self.node is not None:
             if device.reachable(self.node):
                 return None
@@ -222,7 +222,7 @@ class _Context:
             return "no node matches the node selector of its slice"
         return f"{device.placement_text()}, which is not one of the candidate nodes"
 
-    def nodes_for(self, device: Device) -> list[str]:
+    def nodes_for(self, device: CandidateDevice) -> list[str]:
         """Names of the candidate nodes the device can be used from ("*" = any)."""
         kind = device.placement.get("kind")
         if kind == "node":
@@ -235,7 +235,7 @@ class _Context:
             return ["*"] if any(device.reachable(n) for n in self.nodes) else []
         return [n.name for n in self.nodes if device.reachable(n)]
 
-    def counters_left(self, device: Device) -> dict[str, dict[str, Decimal]]:
+    def counters_left(self, device: CandidateDevice) -> dict[str, dict[str, Decimal]]:
         key = id(device.pool)
         left = self._counters.get(key)
         if left is None:
@@ -250,7 +250,7 @@ class _Context:
         return left
 
 
-def device_problem(req: Req, device: Device, context: _Context) -> tuple[str, str] | None:
+def device_problem(req: Req, device: CandidateDevice, context: _Context) -> tuple[str, str] | None:
     """(category, reason) why ``device`` cannot serve ``req`` on its own, or None."""
     if device.stale is not None:
         return "stale", device.stale
@@ -300,7 +300,7 @@ def device_problem(req: Req, device: Device, context: _Context) -> tuple[str, st
 
 def _request_rows(key: str, req: Req, context: _Context) -> tuple[list[ExplainRow], bool]:
     rows: list[ExplainRow] = []
-    available: list[Device] = []
+    available: list[CandidateDevice] = []
     matching_unavailable = 0
     for device in context.devices():
         found = device_problem(req, device, context)

@@ -29,10 +29,10 @@ from typing import Any
 from dradriver.allocator.nodes import NodeInfo, selector_matches
 from dradriver.allocator.state import DeviceID, qualify
 from dradriver.cel import DeviceInput, EvalResult, Selector
-from dradriver.devices.quantity import QuantityError, parse_quantity
 from dradriver.k8s.objects import Obj
+from dradriver.k8s.quantity import QuantityError, parse_quantity
 
-__all__ = ["Capacity", "Device", "Pool", "QuantityValue", "SliceInventory"]
+__all__ = ["AllocatorPool", "CandidateDevice", "Capacity", "QuantityValue", "SliceInventory"]
 
 
 @dataclass(frozen=True)
@@ -61,7 +61,9 @@ class Capacity:
 
 
 @dataclass(eq=False)
-class Pool:
+class AllocatorPool:
+    """One pool (driver, name) at its newest generation, as the allocator sees it."""
+
     driver: str
     name: str
     generation: int
@@ -71,7 +73,7 @@ class Pool:
     invalid: str | None = None
     counters: dict[str, dict[str, Decimal]] = field(default_factory=dict)
     has_binding_conditions: bool = False
-    devices: list[Device] = field(default_factory=list)
+    devices: list[CandidateDevice] = field(default_factory=list)
     node_names: set[str] = field(default_factory=set)
     """Nodes of node-local devices (a summary for quick reachability checks)."""
     reaches_all: bool = False
@@ -105,7 +107,7 @@ class Pool:
         return None
 
 
-class Device:
+class CandidateDevice:
     """One device of a current pool generation, with what the allocator needs precomputed."""
 
     __slots__ = (
@@ -129,7 +131,9 @@ class Device:
         "taints",
     )
 
-    def __init__(self, pool: Pool, slice_name: str, raw: Mapping[str, Any], placement: Obj):
+    def __init__(
+        self, pool: AllocatorPool, slice_name: str, raw: Mapping[str, Any], placement: Obj
+    ):
         self.pool = pool
         self.driver = pool.driver
         self.slice_name = slice_name
@@ -175,7 +179,7 @@ class Device:
             self.consumes.append((str(entry.get("counterSet", "")), counters))
 
     def __repr__(self) -> str:
-        return f"Device({'/'.join(self.id)})"
+        return f"CandidateDevice({'/'.join(self.id)})"
 
     @property
     def input(self) -> DeviceInput:
@@ -269,27 +273,27 @@ class SliceInventory:
             spec = item.get("spec") or {}
             key = (str(spec.get("driver", "")), str((spec.get("pool") or {}).get("name", "")))
             groups.setdefault(key, []).append(item)
-        self.pools: list[Pool] = []
-        self.stale: list[Device] = []
+        self.pools: list[AllocatorPool] = []
+        self.stale: list[CandidateDevice] = []
         for (driver, pool_name), members in groups.items():
             self.pools.append(self._pool(driver, pool_name, members))
         self.pools.sort(key=lambda p: p.has_binding_conditions)  # stable: keeps name order
-        self.devices: list[Device] = []
+        self.devices: list[CandidateDevice] = []
         for pool in self.pools:
             for device in pool.devices:
                 device.index = len(self.devices)
                 self.devices.append(device)
-        self.by_id: dict[DeviceID, Device] = {d.id: d for d in self.devices}
-        self._visible: dict[tuple[str, ...] | None, list[Device]] = {}
-        self._visible_pools: dict[tuple[str, ...] | None, list[Pool]] = {}
+        self.by_id: dict[DeviceID, CandidateDevice] = {d.id: d for d in self.devices}
+        self._visible: dict[tuple[str, ...] | None, list[CandidateDevice]] = {}
+        self._visible_pools: dict[tuple[str, ...] | None, list[AllocatorPool]] = {}
         self._results: dict[str, list[EvalResult | None]] = {}
 
-    def _pool(self, driver: str, name: str, members: list[Mapping[str, Any]]) -> Pool:
+    def _pool(self, driver: str, name: str, members: list[Mapping[str, Any]]) -> AllocatorPool:
         def generation(s: Mapping[str, Any]) -> int:
             return int(((s.get("spec") or {}).get("pool") or {}).get("generation") or 0)
 
         newest = max(generation(s) for s in members)
-        pool = Pool(driver, name, newest)
+        pool = AllocatorPool(driver, name, newest)
         current = [s for s in members if generation(s) == newest]
         counts = {
             int(((s.get("spec") or {}).get("pool") or {}).get("resourceSliceCount") or 0)
@@ -302,7 +306,9 @@ class SliceInventory:
             if generation(s) < newest:
                 spec = s.get("spec") or {}
                 for raw in spec.get("devices") or []:
-                    dev = Device(pool, str((s.get("metadata") or {}).get("name", "")), raw, {})
+                    dev = CandidateDevice(
+                        pool, str((s.get("metadata") or {}).get("name", "")), raw, {}
+                    )
                     dev.stale = (
                         f"slice {(s.get('metadata') or {}).get('name')} has pool generation "
                         f"{generation(s)}, the pool is at {newest}: stale, ignored"
@@ -330,7 +336,7 @@ class SliceInventory:
                         counters[counter] = Decimal(0)
                 pool.counters[set_name] = counters
             for raw in spec.get("devices") or []:
-                device = Device(pool, slice_name, raw, _placement(spec, raw))
+                device = CandidateDevice(pool, slice_name, raw, _placement(spec, raw))
                 if device.name in names:
                     pool.invalid = pool.invalid or f"duplicate device name {device.name}"
                 names.add(device.name)
@@ -358,7 +364,7 @@ class SliceInventory:
                         )
         return pool
 
-    def device(self, device_id: DeviceID) -> Device | None:
+    def device(self, device_id: DeviceID) -> CandidateDevice | None:
         return self.by_id.get(device_id)
 
     @staticmethod
@@ -367,7 +373,7 @@ class SliceInventory:
             return None
         return (node.name, *sorted(f"{k}={v}" for k, v in node.labels.items()))
 
-    def visible(self, node: NodeInfo | None) -> list[Device]:
+    def visible(self, node: NodeInfo | None) -> list[CandidateDevice]:
         """Devices of usable pools reachable from ``node``, in first-fit order."""
         key = self._node_key(node)
         found = self._visible.get(key)
@@ -382,7 +388,7 @@ class SliceInventory:
             self._visible[key] = found
         return found
 
-    def visible_pools(self, node: NodeInfo | None) -> list[Pool]:
+    def visible_pools(self, node: NodeInfo | None) -> list[AllocatorPool]:
         """Pools with at least one device reachable from ``node`` (usable or not)."""
         key = self._node_key(node)
         found = self._visible_pools.get(key)
@@ -395,7 +401,7 @@ class SliceInventory:
             self._visible_pools[key] = found
         return found
 
-    def evaluate(self, selector: Selector, device: Device) -> EvalResult:
+    def evaluate(self, selector: Selector, device: CandidateDevice) -> EvalResult:
         """The selector's result for the device (memoised)."""
         results = self._results.get(selector.expression)
         if results is None:

@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
-from dradriver.devices.quantity import QuantityError, parse_quantity
+from dradriver.k8s.objects import allocation_of
+from dradriver.k8s.quantity import QuantityError, parse_quantity
 
 __all__ = ["AllocatedState", "DeviceID", "Held", "claim_key", "qualify"]
 
@@ -65,7 +66,7 @@ class AllocatedState:
     def from_claims(cls, claims: Iterable[Mapping[str, Any]]) -> AllocatedState:
         state = cls()
         for claim in claims:
-            allocation = (claim.get("status") or {}).get("allocation")
+            allocation = allocation_of(claim)
             if allocation:
                 state.add(claim_key(claim), allocation)
         return state

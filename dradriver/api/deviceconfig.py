@@ -8,17 +8,16 @@ DeviceClaimParametersSpec.device_config`).
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from dradriver.devices import names
 from dradriver.errors import FieldError, FieldErrors, from_validation_error
+from dradriver.k8s import names
 
 # fullmatch: with re.match, "$" also matches before a trailing newline ("A\n" would pass).
-_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_ENV_NAME = names.C_IDENTIFIER_RE
 
 
 def _profile(value: str) -> str:

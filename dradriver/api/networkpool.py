@@ -34,11 +34,11 @@ from pydantic import (
 from dradriver import DEFAULT_DRIVER_NAME
 from dradriver.api import group
 from dradriver.api.crdgen import CRDKind
-from dradriver.api.parameters import ENV_NAME_PATTERN, MAX_ENV
-from dradriver.devices import names
+from dradriver.api.parameters import DNS_LABEL_PATTERN, ENV_NAME_PATTERN, MAX_ENV
 from dradriver.devices.attributes import attribute_value
-from dradriver.devices.quantity import QuantityError, parse_quantity
 from dradriver.errors import FieldError, FieldErrors, from_validation_error, under
+from dradriver.k8s import names
+from dradriver.k8s.quantity import QuantityError, parse_quantity
 
 VERSION = group.VERSION
 KIND = "NetworkDevicePool"
@@ -55,15 +55,14 @@ CRD_FILE_NAME = "crd-networkdevicepools.yaml"
 
 DNSLabel = Annotated[
     str,
-    StringConstraints(pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", max_length=63),
+    StringConstraints(pattern=DNS_LABEL_PATTERN, max_length=names.DNS_LABEL_MAX_LENGTH),
 ]
 EnvName = Annotated[str, StringConstraints(pattern=ENV_NAME_PATTERN, max_length=128)]
 EnvValue = Annotated[str, StringConstraints(max_length=4096)]
 QualifiedName = Annotated[
     str,
     StringConstraints(
-        pattern=r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
-        r"[A-Za-z_][A-Za-z0-9_]*$",
+        pattern=names.whole(names.QUALIFIED_NAME_REGEX),
         max_length=96,
     ),
 ]

@@ -49,6 +49,7 @@ from dradriver.api import group, wellknown
 from dradriver.api.crdgen import CRDKind
 from dradriver.api.deviceconfig import DeviceConfig, DeviceConfigError, parse_device_config
 from dradriver.errors import FieldError, FieldErrors, from_validation_error, under
+from dradriver.k8s import names
 from dradriver.k8s.objects import now_rfc3339 as now_rfc3339  # re-exported: params.now_rfc3339
 
 VERSION = group.VERSION  # shared with the DeviceConfig opaque parameters
@@ -61,9 +62,9 @@ SHORT_NAMES = ("dcp",)
 VALID_CONDITION = "Valid"
 CRD_FILE_NAME = "crd-deviceclaimparameters.yaml"
 
-ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
-DNS_LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
-DNS_SUBDOMAIN_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+ENV_NAME_PATTERN = names.whole(names.C_IDENTIFIER_REGEX)
+DNS_LABEL_PATTERN = names.whole(names.DNS_LABEL_REGEX)
+DNS_SUBDOMAIN_PATTERN = names.whole(names.DNS_SUBDOMAIN_REGEX)
 MAX_ENV = 64
 MAX_SETUP_ARGS = 32  # DeviceConfig.setup_args allows 32
 MAX_SELECTORS = 16

@@ -596,7 +596,7 @@ def _worker() -> worker.Worker | None:
 
 
 def stats() -> CelStats:
-    w = _WORKER.stats if _WORKER is not None else worker.WorkerStats()
+    w = _WORKER.stats if _WORKER is not None else worker.CelWorkerStats()
     return CelStats(
         compiles=_COUNTERS.compiles,
         compile_cache_hits=_COUNTERS.compile_cache_hits,

@@ -16,7 +16,7 @@ import math
 import re
 from decimal import Decimal
 
-from dradriver.devices.quantity import QuantityError, parse_quantity
+from dradriver.k8s.quantity import QuantityError, parse_quantity
 
 __all__ = [
     "NANO",

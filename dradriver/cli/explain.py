@@ -13,7 +13,7 @@ import re
 from dradriver.allocator import AllocatedState, Allocator, SliceInventory, explain, format_table
 from dradriver.k8s.client import KubeClient, load_connection
 from dradriver.k8s.errors import KubeAPIError
-from dradriver.k8s.objects import Obj
+from dradriver.k8s.objects import Obj, allocation_of
 from dradriver.k8s.paths import RESOURCE_V1, path_for
 
 
@@ -70,7 +70,7 @@ async def explain_claim(
     allocator = Allocator(SliceInventory(slices, classes))
     state = AllocatedState.from_claims(others)
     lines = [f"ResourceClaim {namespace}/{name}"]
-    allocation = (claim.get("status") or {}).get("allocation")
+    allocation = allocation_of(claim)
     if allocation:
         results = allocation.get("devices", {}).get("results", [])
         held = ", ".join(f"{r['request']}={r['driver']}/{r['pool']}/{r['device']}" for r in results)

@@ -43,7 +43,6 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from dradriver.devices import names
 from dradriver.devices.attributes import AttributeInput, IntAttribute
 from dradriver.devices.model import (
     MAX_ATTRIBUTES_AND_CAPACITIES_PER_DEVICE,
@@ -55,6 +54,7 @@ from dradriver.devices.model import (
 )
 from dradriver.devices.topology import MAX_NUMA_NODES, NUMA_NODE_ATTRIBUTE
 from dradriver.errors import FieldError, FieldErrors, from_validation_error
+from dradriver.k8s import names
 
 DEFAULT_DRIVER_NAME = "dradriver.dev"
 INDEX_ATTRIBUTE = "index"

@@ -20,12 +20,12 @@ import os
 import re
 import stat
 
-from dradriver.devices import names
 from dradriver.devices.attributes import ATTRIBUTE_VALUE_MAX_LENGTH, StringAttribute
 from dradriver.devices.config import DevGlobSourceConfig
 from dradriver.devices.health import HealthChecker
 from dradriver.devices.model import Device, DeviceProperties
 from dradriver.host.containeredits import ContainerEdits, DeviceNode
+from dradriver.k8s import names
 from dradriver.log import get_logger
 
 log = get_logger("devices.devglob")

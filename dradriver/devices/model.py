@@ -17,10 +17,10 @@ from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
-from dradriver.devices import names
 from dradriver.devices.attributes import AttributeInput, AttributeValue
-from dradriver.devices.quantity import Quantity, parse_quantity, quantity_as_int
 from dradriver.host.containeredits import ContainerEdits
+from dradriver.k8s import names
+from dradriver.k8s.quantity import Quantity, parse_quantity, quantity_as_int
 
 MAX_ATTRIBUTES_AND_CAPACITIES_PER_DEVICE = 32
 MAX_TAINTS_PER_DEVICE = 16

@@ -1,25 +1,24 @@
 """The Kubernetes REST client that keeps every field: asyncio and a sync twin.
 
 :class:`KubeClient` (asyncio, over :mod:`dradriver.k8s.http`) serves the components;
-:class:`SyncKubeClient` (over httpx, imported only when one is made) serves synchronous
-callers (dev tooling, tests, benchmarks). Both are built on one :class:`Connection` and
-share the request encoding, the response decoding and the error type, so a request means
-the same thing whichever client sends it. A request without an answer raises
-:class:`~dradriver.k8s.http.TransportError` from KubeClient, httpx's errors from
-SyncKubeClient.
+:class:`SyncKubeClient` serves synchronous callers (dev tooling, tests, benchmarks): it
+runs a KubeClient on an event loop of its own, so a request means the same thing
+whichever client sends it. Both are built on one :class:`Connection`. A request without
+an answer raises :class:`~dradriver.k8s.http.TransportError` from either.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import ssl
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Self
+from typing import Any, Self, TypeVar
 from urllib.parse import quote, urlencode
 
 from dradriver.k8s.errors import KubeAPIError
@@ -29,10 +28,8 @@ from dradriver.k8s.kubeconfig import read_static_kubeconfig
 from dradriver.k8s.objects import Obj
 from dradriver.log import get_logger
 
-if TYPE_CHECKING:
-    import httpx
-
 log = get_logger("kube")
+_T = TypeVar("_T")
 SA_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 
 
@@ -153,31 +150,12 @@ def _apply_params(field_manager: str, force: bool) -> dict[str, Any]:
 
 
 class _Codec:
-    """Request building and response decoding, the part both clients share."""
+    """Request building and response decoding (apart from the transport)."""
 
-    def __init__(self, conn: Connection, user_agent: str, max_connections: int | None) -> None:
+    def __init__(self, conn: Connection, user_agent: str) -> None:
         self._conn = conn
         self._user_agent = user_agent
-        self._max_connections = max_connections
         self.write_count = 0
-
-    def _http_options(self) -> dict[str, Any]:
-        import httpx
-
-        options: dict[str, Any] = {
-            "base_url": self._conn.server,
-            "verify": self._conn.tls,
-            "timeout": httpx.Timeout(CONNECT_SECONDS, read=READ_SECONDS),
-            "headers": {"User-Agent": self._user_agent},
-        }
-        if self._max_connections is not None:
-            # All of them kept when idle: the next burst of requests finds them open (no
-            # TLS handshakes), and more requests than connections wait for one.
-            options["limits"] = httpx.Limits(
-                max_connections=self._max_connections,
-                max_keepalive_connections=self._max_connections,
-            )
-        return options
 
     def _headers(self, extra: dict[str, str] | None = None) -> dict[str, str]:
         headers = dict(extra or {})
@@ -236,7 +214,7 @@ class _Codec:
 
 
 def _target(path: str, params: dict[str, Any] | None) -> str:
-    """``path`` with ``params`` as its query, encoded as httpx encodes them."""
+    """``path`` with ``params`` as its query (values as ``str()``, percent-encoded)."""
     if not params:
         return path
     query = urlencode({k: str(v) for k, v in params.items()}, quote_via=quote)
@@ -246,13 +224,13 @@ def _target(path: str, params: dict[str, Any] | None) -> str:
 class KubeClient(_Codec):
     """The asyncio client of the controller and the kubelet plugin.
 
-    ``max_connections`` bounds the open connections (watches hold one each); None keeps
-    httpx's defaults (100, of which 20 stay open when idle)."""
+    ``max_connections`` bounds the open connections (watches hold one each); None: 100,
+    all kept open when idle."""
 
     def __init__(
         self, conn: Connection, user_agent: str = "dradriver", max_connections: int | None = None
     ) -> None:
-        super().__init__(conn, user_agent, max_connections)
+        super().__init__(conn, user_agent)
         # All of them kept open when idle: the next burst of requests finds them open (no
         # TLS handshakes), and more requests than connections wait for one.
         self._pool = ConnectionPool(
@@ -292,6 +270,18 @@ class KubeClient(_Codec):
 
     async def get(self, path: str, **params: Any) -> Obj:
         return await self.request("GET", path, params=params or None)
+
+    async def get_text(self, path: str, **params: Any) -> str:
+        """A plain-text answer (a pod's log, ``/metrics``); a refusal raises
+        :class:`KubeAPIError` as for any other request."""
+        headers, _ = self._encode("GET", None, JSON, None)
+        started = time.monotonic()
+        resp = await self._pool.request(
+            "GET", _target(path, params or None), self._request_headers(headers)
+        )
+        if resp.status >= 300:
+            self._decode("GET", path, resp.status, resp.content, started)  # raises
+        return resp.content.decode("utf-8", errors="replace")
 
     async def get_or_none(self, path: str) -> Obj | None:
         try:
@@ -358,19 +348,39 @@ class KubeClient(_Codec):
                 yield decode_watch_event(line)
 
 
-class SyncKubeClient(_Codec):
-    """The blocking twin of :class:`KubeClient` (same requests, answers and errors), no watch."""
+class SyncKubeClient:
+    """The blocking twin of :class:`KubeClient`, no watch: the same client, run on a
+    private event loop in a thread of its own (so it also works under a running loop).
+
+    Invariants: every call is one :class:`KubeClient` call, so requests, answers and
+    errors are KubeClient's; calls from several threads take turns on that loop; after
+    :meth:`close` the client is unusable.
+    """
 
     def __init__(
         self, conn: Connection, user_agent: str = "dradriver", max_connections: int | None = None
     ) -> None:
-        import httpx  # here: processes that only use KubeClient never load it
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(
+            target=self._loop.run_forever, name="sync-kube-client", daemon=True
+        )
+        self._thread.start()
+        self._client = KubeClient(conn, user_agent, max_connections)
 
-        super().__init__(conn, user_agent, max_connections)
-        self._http: httpx.Client = httpx.Client(**self._http_options())
+    @property
+    def write_count(self) -> int:
+        return self._client.write_count
+
+    def _run(self, call: Coroutine[Any, Any, _T]) -> _T:
+        return asyncio.run_coroutine_threadsafe(call, self._loop).result()
 
     def close(self) -> None:
-        self._http.close()
+        if self._loop.is_closed():
+            return
+        self._run(self._client.aclose())
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join()
+        self._loop.close()
 
     def __enter__(self) -> Self:
         return self
@@ -387,42 +397,34 @@ class SyncKubeClient(_Codec):
         content_type: str = JSON,
         accept: str | None = None,
     ) -> Obj:
-        headers, content = self._encode(method, body, content_type, accept)
-        started = time.monotonic()
-        resp = self._http.request(method, path, content=content, params=params, headers=headers)
-        return self._decode(method, path, resp.status_code, resp.content, started)
+        return self._run(
+            self._client.request(method, path, body, params, content_type, accept=accept)
+        )
 
     def get(self, path: str, **params: Any) -> Obj:
-        return self.request("GET", path, params=params or None)
+        return self._run(self._client.get(path, **params))
+
+    def get_text(self, path: str, **params: Any) -> str:
+        return self._run(self._client.get_text(path, **params))
 
     def get_or_none(self, path: str) -> Obj | None:
-        try:
-            return self.get(path)
-        except KubeAPIError as e:
-            if e.status == 404:
-                return None
-            raise
+        return self._run(self._client.get_or_none(path))
 
     def list(self, path: str, **params: Any) -> Obj:
-        return self.get(path, **params)
+        return self._run(self._client.list(path, **params))
 
     def create(self, path: str, body: Obj) -> Obj:
-        return self.request("POST", path, body)
+        return self._run(self._client.create(path, body))
 
     def replace(self, path: str, body: Obj) -> Obj:
-        return self.request("PUT", path, body)
+        return self._run(self._client.replace(path, body))
 
     def merge_patch(self, path: str, body: Obj) -> Obj:
-        return self.request("PATCH", path, body, content_type=MERGE_PATCH)
+        return self._run(self._client.merge_patch(path, body))
 
     def apply(self, path: str, body: Obj, field_manager: str, force: bool = True) -> Obj:
         """Server-side apply (the body must carry apiVersion, kind and metadata.name)."""
-        params = _apply_params(field_manager, force)
-        return self.request("PATCH", path, body, params=params, content_type=APPLY_PATCH)
+        return self._run(self._client.apply(path, body, field_manager, force))
 
     def delete(self, path: str, missing_ok: bool = True, **params: Any) -> None:
-        try:
-            self.request("DELETE", path, params=params or None)
-        except KubeAPIError as e:
-            if not (missing_ok and e.status == 404):
-                raise
+        self._run(self._client.delete(path, missing_ok, **params))

@@ -7,7 +7,7 @@ about as much CPU per request as the apiserver's own work (a claim GET on loopba
 imports about 11 MiB of RSS that a long-running process never gives back. The node
 plugin makes at least one request per prepared claim and the controller several per
 allocated claim, so both pay it on their hot paths. (The blocking
-:class:`~dradriver.k8s.client.SyncKubeClient` of the dev tools still uses httpx.)
+:class:`~dradriver.k8s.client.SyncKubeClient` of the dev tools runs over it too.)
 
 Scope: requests with a body or without, responses framed by Content-Length, chunked
 transfer coding or the end of the connection; streamed responses (watches); keep-alive

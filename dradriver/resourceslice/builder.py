@@ -1,4 +1,4 @@
-"""ResourceSlices for a :class:`~dradriver.resourceslice.pool.Pool`, split to fit the API.
+"""ResourceSlices for a :class:`~dradriver.resourceslice.pool.SlicePool`, split to fit the API.
 
 Layout (Kubernetes 1.35+ rules, /work/shared/reference/resource-v1.md §5.1 and §5.5):
 
@@ -26,15 +26,15 @@ from collections.abc import Sequence
 from decimal import Decimal
 from typing import Any
 
-from dradriver.devices import names
-from dradriver.devices.quantity import QuantityError, parse_quantity
+from dradriver.k8s import names
 from dradriver.k8s.limits import (
     MAX_COUNTER_SETS_PER_SLICE,
     MAX_DEVICES_PER_SLICE,
     MAX_DEVICES_PER_SLICE_WITH_TAINTS_OR_COUNTERS,
 )
 from dradriver.k8s.objects import Obj
-from dradriver.resourceslice.pool import Pool, SliceError
+from dradriver.k8s.quantity import QuantityError, parse_quantity
+from dradriver.resourceslice.pool import SliceError, SlicePool
 
 API_VERSION = "resource.k8s.io/v1"
 KIND = "ResourceSlice"
@@ -86,7 +86,7 @@ def _device_chunks(api_devices: Sequence[Obj]) -> list[list[Obj]]:
     return chunks
 
 
-def build_slices(pool: Pool, generation: int, owner_uid: str = "") -> list[Obj]:
+def build_slices(pool: SlicePool, generation: int, owner_uid: str = "") -> list[Obj]:
     """The ResourceSlice objects (``apiVersion``, ``kind``, ``metadata``, ``spec``) of ``pool``.
 
     ``owner_uid`` stands in for the owner's UID when the pool does not carry it (the

@@ -1,8 +1,8 @@
 """What a driver wants published for one ResourceSlice pool, whoever publishes it.
 
-A :class:`Pool` is the desired state of one pool (the upstream Go helper's
+A :class:`SlicePool` is the desired state of one pool (the upstream Go helper's
 ``resourceslice.Pool``): its name, where its devices can be used (exactly one of
-:class:`NodeName`, :class:`NodeSelector`, :class:`AllNodes`,
+:class:`NodeName`, :class:`PoolNodeSelector`, :class:`AllNodes`,
 :class:`PerDeviceNodeSelection`), its devices and counter sets in wire form
 (resource.k8s.io/v1 JSON, in publishing order), the owner the slices are
 garbage-collected with, and how its slices are named, labelled, sized and
@@ -18,20 +18,18 @@ built from it: treat them as read-only.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from dradriver.devices import names
 from dradriver.devices.model import CounterSet, Device
+from dradriver.k8s import names
 from dradriver.k8s.limits import MAX_DEVICES_PER_SLICE_WITH_TAINTS_OR_COUNTERS
 from dradriver.k8s.objects import Obj
 from dradriver.log import get_logger
 
 log = get_logger("devices.slices")
 
-_POOL_NAME_SEGMENT = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 _DEVICE_NODE_FIELDS = ("nodeName", "nodeSelector", "allNodes")
 
 
@@ -53,7 +51,7 @@ class NodeName:
 
 
 @dataclass(frozen=True)
-class NodeSelector:
+class PoolNodeSelector:
     """Devices reachable from the nodes a core NodeSelector (exactly one term) matches."""
 
     selector: Mapping[str, Any]
@@ -79,7 +77,7 @@ class PerDeviceNodeSelection:
         return {"perDeviceNodeSelection": True}
 
 
-NodeSelection = NodeName | NodeSelector | AllNodes | PerDeviceNodeSelection
+NodeSelection = NodeName | PoolNodeSelector | AllNodes | PerDeviceNodeSelection
 
 
 @dataclass(frozen=True)
@@ -116,7 +114,7 @@ class Owner:
 
 
 @dataclass(frozen=True)
-class Pool:
+class SlicePool:
     """One pool as the driver wants it published.
 
     ``devices_per_slice`` None fills each slice as far as the API allows (128 devices, or
@@ -159,7 +157,7 @@ def _check_pool_name(name: str) -> None:
     # The API's rule: DNS subdomains separated by slashes, at most 253 characters.
     if not name or len(name) > names.DNS_SUBDOMAIN_MAX_LENGTH:
         raise SliceError(f"pool name {name!r} must have 1 to 253 characters")
-    if not all(_POOL_NAME_SEGMENT.fullmatch(segment) for segment in name.split("/")):
+    if not all(names.DNS_SUBDOMAIN_RE.fullmatch(segment) for segment in name.split("/")):
         raise SliceError(f"pool name {name!r} is not DNS subdomains separated by '/'")
 
 
@@ -214,7 +212,7 @@ def node_slice_prefix(node: str, driver: str) -> str:
 
 def node_pool(
     driver: str, node: str, devices: Sequence[Device], counter_sets: Sequence[CounterSet]
-) -> Pool:
+) -> SlicePool:
     """A node's devices as one pool named after the node, owned by the Node.
 
     Devices are published sorted by name, so the allocator's first fit follows names.
@@ -226,7 +224,7 @@ def node_pool(
         raise SliceError(str(err)) from err
     api_devices = tuple(d.to_api(driver) for d in sorted(devices, key=lambda d: d.name))
     _warn_inconsistent_types(api_devices)
-    return Pool(
+    return SlicePool(
         driver=driver,
         name=node,
         node_selection=NodeName(node),
@@ -253,3 +251,10 @@ def _warn_inconsistent_types(api_devices: Sequence[Obj]) -> None:
                     other_device=first[1],
                     other_type=first[0],
                 )
+
+
+# Deprecated names, kept while kubeletplugin.inventory and controller.networkpools use
+# them; new code names SlicePool and PoolNodeSelector (distinct from the allocator's
+# AllocatorPool and the API's NodeSelector).
+Pool = SlicePool
+NodeSelector = PoolNodeSelector

@@ -1,6 +1,6 @@
 """One publisher for all ResourceSlice pools of a driver: node pools and network pools.
 
-Desired state: :class:`~dradriver.resourceslice.pool.Pool` objects, given with
+Desired state: :class:`~dradriver.resourceslice.pool.SlicePool` objects, given with
 :meth:`SlicePublisher.set_pool` and taken back with :meth:`SlicePublisher.remove_pool`.
 Actual state: the driver's slices in a list+watch cache (the kubelet plugin: an informer
 on its node's slices, :func:`slice_informer`; the controller: its informer of all slices).
@@ -14,7 +14,7 @@ slices with that ``spec.nodeName``, any other publisher the driver's slices with
 * when the same slices hold the same devices, only the changed slices are rewritten, in
   place; any other change (slices added or removed, devices moving between slices)
   bumps the pool generation in every slice, so the scheduler never combines two layouts
-  (``Pool.min_generation`` can ask for a bump too);
+  (``SlicePool.min_generation`` can ask for a bump too);
 * the slices of a pool that is not desired (any more) are deleted;
 * fields the apiserver dropped are reported with the feature gate that is probably off,
   and the slice is not written again for them until the desired slice changes (a gate
@@ -46,7 +46,7 @@ from dradriver.k8s.objects import Obj
 from dradriver.k8s.paths import RESOURCE_V1, path_for
 from dradriver.log import get_logger
 from dradriver.resourceslice.builder import build_slices, same_slice, slice_layout, slices_equal
-from dradriver.resourceslice.pool import NodeName, Pool
+from dradriver.resourceslice.pool import NodeName, SlicePool
 from dradriver.runtime import (
     Informer,
     ItemExponentialRateLimiter,
@@ -253,7 +253,7 @@ class SlicePublisher:
         self.resync_period = resync_period
         self.writes = 0
         self.syncs = 0
-        self._pools: dict[str, Pool] = {}
+        self._pools: dict[str, SlicePool] = {}
         self._own = _OwnWrites(own_write_ttl)
         # Slice name -> (what we sent, what the apiserver kept) after it dropped fields.
         self._stored: dict[str, tuple[Obj, Obj]] = {}
@@ -268,7 +268,7 @@ class SlicePublisher:
 
     # --- desired state ------------------------------------------------------------------
 
-    def set_pool(self, pool: Pool) -> None:
+    def set_pool(self, pool: SlicePool) -> None:
         """Publish ``pool`` (replacing what was desired for it); a change queues a sync."""
         if pool.driver != self.driver:
             raise ValueError(f"pool {pool.name} is for driver {pool.driver}, not {self.driver}")
@@ -329,7 +329,7 @@ class SlicePublisher:
             and slices_equal(stored[1].get("spec") or {}, existing.get("spec") or {})
         )
 
-    async def _owner_uid(self, pool: Pool) -> str:
+    async def _owner_uid(self, pool: SlicePool) -> str:
         # Slices owned by the Node go with it (garbage collector). Without a Node object
         # they get no owner reference.
         owner = pool.owner

@@ -31,7 +31,7 @@ from collections.abc import Sequence
 
 from dradriver.api import networkpool as net
 from dradriver.api import parameters as params
-from dradriver.devices import names
+from dradriver.k8s import names
 from dradriver.k8s.objects import Obj
 
 RESOURCE_GROUP = "resource.k8s.io"

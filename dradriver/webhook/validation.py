@@ -33,8 +33,8 @@ from dradriver import DEFAULT_DRIVER_NAME
 from dradriver.api import networkpool as net
 from dradriver.api import parameters as params
 from dradriver.cel import validate_selector
-from dradriver.devices import names
 from dradriver.errors import FieldError, render, under
+from dradriver.k8s import names
 from dradriver.k8s.objects import Obj
 from dradriver.webhook.registration import device_classes
 

@@ -13,7 +13,7 @@ import pytest
 
 from controller.claims.context import ClaimContext, ClaimSettings, ClaimSources
 from controller.claims.reconciler import ClaimReconciler
-from controller.claims.worker import AllocationJob, AllocationWorker, Inventory
+from controller.claims.worker import AllocationJob, AllocationWorker, SliceSnapshot
 from dradriver.allocator import AllocatedState, node_info
 from dradriver.api.wellknown import ALLOCATION_ANNOTATION, FINALIZER, STATUS_ANNOTATION
 from dradriver.k8s.objects import Obj
@@ -55,7 +55,7 @@ def job(claim: Obj, budget: float = 60.0, state: AllocatedState | None = None) -
     return AllocationJob.of(claim, state or AllocatedState(), [node_info(n) for n in NODES], budget)
 
 
-INVENTORY = Inventory(1, slices(), (GPU,))
+INVENTORY = SliceSnapshot(1, slices(), (GPU,))
 
 
 def run(coro: Any) -> Any:
@@ -101,7 +101,7 @@ def test_allocates_in_a_child_that_keeps_its_inventory(worker: AllocationWorker)
         answer = await worker.allocate(job(pathological("b", count=2), state=state), INVENTORY)
         assert answer.allocation is not None
         assert devices_of(answer.allocation) == [("node-1", "dev-1"), ("node-1", "dev-2")]
-        changed = Inventory(2, slices(per_node=2), (GPU,))
+        changed = SliceSnapshot(2, slices(per_node=2), (GPU,))
         answer = await worker.allocate(job(pathological(count=2)), changed)
         assert answer.allocation is not None
         assert worker.stats.inventories_sent == sent + 2

@@ -21,7 +21,6 @@ from dradriver.devices.config import (
 )
 from dradriver.devices.devglob import DevGlobSource, device_name_for_path
 from dradriver.devices.model import Device
-from dradriver.devices.names import validate_dns_label
 from dradriver.devices.pci import PciSource, device_name_for_address
 from dradriver.devices.sources import (
     DeviceSource,
@@ -31,6 +30,7 @@ from dradriver.devices.sources import (
 )
 from dradriver.devices.static import StaticSource, create_mock_device, is_mock_device
 from dradriver.devices.topology import PCIE_ROOT_ATTRIBUTE
+from dradriver.k8s.names import validate_dns_label
 
 DRIVER = "dradriver.dev"
 

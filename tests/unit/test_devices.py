@@ -22,9 +22,9 @@ from dradriver.devices.model import (
     DeviceTaint,
     unhealthy_taint_key,
 )
-from dradriver.devices.names import qualify
-from dradriver.devices.quantity import QuantityError, parse_quantity, quantity_as_int
 from dradriver.host.containeredits import ContainerEdits, DeviceNode
+from dradriver.k8s.names import qualify
+from dradriver.k8s.quantity import QuantityError, parse_quantity, quantity_as_int
 
 DRIVER = "dradriver.dev"
 

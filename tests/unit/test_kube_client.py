@@ -181,3 +181,29 @@ def test_requests_and_answers_on_the_wire(server: _Server) -> None:
     assert results[12] == results[13] == not_found
     assert results[14] == ("ok", {"message": "ok"})  # a success that is not JSON
     assert results[15] == ("error", 500, "", {"message": "internal error"})
+
+
+def test_plain_text_answers_and_their_refusals(server: _Server) -> None:
+    with SyncKubeClient(connection(server)) as client:
+        assert client.get_text("/text", limitBytes=10) == "ok"
+        with pytest.raises(KubeAPIError) as refused:
+            client.get_text("/broken")
+    assert refused.value.status == 500 and refused.value.body == {"message": "internal error"}
+    assert server.received[0].target == "/text?limitBytes=10"
+    assert server.received[0].authorization == "Bearer t0k"
+
+
+def test_the_sync_client_works_under_a_running_event_loop(server: _Server) -> None:
+    # Its requests run on a loop of its own, so a caller inside a coroutine (a test, a
+    # dev tool's async main) can still block on it.
+    async def caller() -> Obj:
+        with SyncKubeClient(connection(server)) as client:
+            return client.get("/ok")
+
+    assert asyncio.run(caller()) == {"kind": "Echo", "method": "GET"}
+
+
+def test_a_closed_sync_client_can_be_closed_again(server: _Server) -> None:
+    client = SyncKubeClient(connection(server))
+    client.close()
+    client.close()

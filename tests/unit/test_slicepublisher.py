@@ -19,7 +19,7 @@ from dradriver.devices.model import Device
 from dradriver.k8s.errors import KubeAPIError
 from dradriver.k8s.objects import Obj
 from dradriver.k8s.paths import RESOURCE_V1, path_for
-from dradriver.resourceslice.pool import Pool, node_pool
+from dradriver.resourceslice.pool import SlicePool, node_pool
 from dradriver.resourceslice.publisher import (
     SlicePublisher,
     SyncResult,
@@ -66,12 +66,12 @@ class Flavour:
     pool_name: str
     big: int  # two slices
     small: int  # one slice
-    make: Callable[..., Pool]
+    make: Callable[..., SlicePool]
     node: str | None
     owner_uid: str
 
 
-def _node_pool(count: int, changed: str = "", tainted: str = "") -> Pool:
+def _node_pool(count: int, changed: str = "", tainted: str = "") -> SlicePool:
     devices = [
         Device.model_validate(
             {
@@ -88,7 +88,7 @@ def _node_pool(count: int, changed: str = "", tainted: str = "") -> Pool:
     return node_pool(DRIVER, NODE, devices, [])
 
 
-def _network_pool(count: int, changed: str = "", tainted: str = "") -> Pool:
+def _network_pool(count: int, changed: str = "", tainted: str = "") -> SlicePool:
     spec = net.parse_spec(
         {
             "attach": {"backend": "simulated"},

@@ -11,12 +11,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dradriver.devices.model import CounterConsumption, CounterSet, Device, DeviceTaint
-from dradriver.devices.names import validate_dns_subdomain
 from dradriver.k8s.limits import (
     MAX_COUNTER_SETS_PER_SLICE,
     MAX_DEVICES_PER_SLICE,
     MAX_DEVICES_PER_SLICE_WITH_TAINTS_OR_COUNTERS,
 )
+from dradriver.k8s.names import validate_dns_subdomain
 from dradriver.k8s.objects import Obj
 from dradriver.resourceslice.builder import build_slices, device_limit, slice_name, slices_equal
 from dradriver.resourceslice.pool import SliceError, node_pool, node_slice_prefix

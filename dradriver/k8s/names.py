@@ -15,10 +15,25 @@ DRIVER_NAME_MAX_LENGTH = 63
 C_IDENTIFIER_MAX_LENGTH = 32
 LABEL_VALUE_MAX_LENGTH = 63
 
-_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
-_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
-_C_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-_LABEL_PART = re.compile(r"([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]")
+# The formats as regular expressions, written once (Kubernetes' validation spells them so).
+# Unanchored: compile and fullmatch them, or anchor them with whole() for pydantic and
+# JSON schema patterns (which search); the CRDs carry those anchored strings verbatim.
+DNS_LABEL_REGEX = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
+DNS_SUBDOMAIN_REGEX = DNS_LABEL_REGEX + r"(\." + DNS_LABEL_REGEX + r")*"
+C_IDENTIFIER_REGEX = r"[A-Za-z_][A-Za-z0-9_]*"
+QUALIFIED_NAME_REGEX = f"({DNS_SUBDOMAIN_REGEX}/)?{C_IDENTIFIER_REGEX}"
+"""``[<DNS subdomain>/]<C identifier>``: attribute and capacity names."""
+LABEL_PART_REGEX = r"([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]"
+
+DNS_LABEL_RE = re.compile(DNS_LABEL_REGEX)
+DNS_SUBDOMAIN_RE = re.compile(DNS_SUBDOMAIN_REGEX)
+C_IDENTIFIER_RE = re.compile(C_IDENTIFIER_REGEX)
+_LABEL_PART = re.compile(LABEL_PART_REGEX)
+
+
+def whole(regex: str) -> str:
+    """``regex`` anchored at both ends, for patterns that search (pydantic, JSON schema)."""
+    return f"^{regex}$"
 
 
 def validate_dns_label(value: str, what: str = "name") -> str:
@@ -28,7 +43,7 @@ def validate_dns_label(value: str, what: str = "name") -> str:
             f"{what} {value!r} is {len(value)} characters long; at most "
             f"{DNS_LABEL_MAX_LENGTH} are allowed"
         )
-    if not _DNS_LABEL.fullmatch(value):
+    if not DNS_LABEL_RE.fullmatch(value):
         raise ValueError(
             f"{what} {value!r} is not a DNS label: use lowercase letters, digits and '-', "
             "starting and ending with a letter or digit"
@@ -43,7 +58,7 @@ def validate_dns_subdomain(value: str, what: str = "name") -> str:
             f"{what} {value!r} is {len(value)} characters long; at most "
             f"{DNS_SUBDOMAIN_MAX_LENGTH} are allowed"
         )
-    if not _DNS_SUBDOMAIN.fullmatch(value):
+    if not DNS_SUBDOMAIN_RE.fullmatch(value):
         raise ValueError(
             f"{what} {value!r} is not a DNS subdomain: use lowercase letters, digits, '-' and "
             "'.', each dot-separated part starting and ending with a letter or digit"
@@ -67,7 +82,7 @@ def validate_c_identifier(value: str, what: str = "identifier") -> str:
             f"{what} {value!r} is {len(value)} characters long; at most "
             f"{C_IDENTIFIER_MAX_LENGTH} are allowed"
         )
-    if not _C_IDENTIFIER.fullmatch(value):
+    if not C_IDENTIFIER_RE.fullmatch(value):
         raise ValueError(
             f"{what} {value!r} is not a C identifier: use letters, digits and '_', "
             "not starting with a digit"
