@@ -29,9 +29,9 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
-from dradriver.devices import names
 from dradriver.devices.config import AbsolutePath, ExtendedResourceName
 from dradriver.devices.model import MAX_ATTRIBUTES_AND_CAPACITIES_PER_DEVICE, DeviceProperties
+from dradriver.k8s import names
 
 MAX_SHARE = 65536
 DEV = "/dev"
