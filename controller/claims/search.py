@@ -17,7 +17,12 @@ from controller.claims.context import ClaimContext, ClaimSources
 from controller.claims.pinned_config import pin_config
 from controller.claims.request import Request
 from controller.claims.shared_devices import conflicts
-from controller.claims.worker import AllocationAnswer, AllocationJob, AllocationWorker, Inventory
+from controller.claims.worker import (
+    AllocationAnswer,
+    AllocationJob,
+    AllocationWorker,
+    SliceSnapshot,
+)
 from controller.resourceclaims import with_timestamp
 from dradriver.allocator import node_info
 from dradriver.allocator.core import OUT_OF_TIME
@@ -57,7 +62,7 @@ class SearchBatches:
         self.timeout = timeout
         self._waiting: list[_Waiting] = []
         self._batcher: asyncio.Task[None] | None = None
-        self._inventory: Inventory | None = None
+        self._inventory: SliceSnapshot | None = None
         self._inventory_generation = 0
         for informer in (sources.slices, sources.classes):
             informer.add_handler(
@@ -69,11 +74,11 @@ class SearchBatches:
     def _inventory_changed(self, obj: Obj) -> None:
         self._inventory = None
 
-    def inventory(self) -> Inventory:
+    def inventory(self) -> SliceSnapshot:
         """The slices and classes to allocate from, as the worker takes them."""
         if self._inventory is None:
             self._inventory_generation += 1
-            self._inventory = Inventory(
+            self._inventory = SliceSnapshot(
                 self._inventory_generation,
                 tuple(self.sources.slices.items()),
                 tuple(self.sources.classes.items()),

@@ -81,7 +81,6 @@ __all__ = [
     "AllocationJob",
     "AllocationStats",
     "AllocationWorker",
-    "Inventory",
     "SliceSnapshot",
     "main",
     "run_batch",
@@ -104,10 +103,6 @@ class SliceSnapshot:
     generation: int
     slices: tuple[Obj, ...]
     classes: tuple[Obj, ...]
-
-
-Inventory = SliceSnapshot
-"""Deprecated name of :class:`SliceSnapshot` (``controller.claims.reconciler`` uses it)."""
 
 
 @dataclass(frozen=True)

@@ -17,10 +17,10 @@ from dradriver.k8s.objects import Obj, allocation_of
 from dradriver.resourceslice.pool import (
     AllNodes,
     NodeSelection,
-    NodeSelector,
     Owner,
     PerDeviceNodeSelection,
-    Pool,
+    PoolNodeSelector,
+    SlicePool,
 )
 
 
@@ -72,7 +72,7 @@ def network_pool(
     owner_uid: str,
     generation: int,
     cooling: Collection[str] = (),
-) -> Pool:
+) -> SlicePool:
     """The ResourceSlice pool ``network/<name>`` of NetworkDevicePool ``name``.
 
     Owned by the pool object (its slices go with it) and labelled with its name. The
@@ -89,10 +89,10 @@ def network_pool(
     if per_device:
         selection = PerDeviceNodeSelection()
     elif pool_selector is not None:
-        selection = NodeSelector(pool_selector)
+        selection = PoolNodeSelector(pool_selector)
     else:
         selection = AllNodes()
-    return Pool(
+    return SlicePool(
         driver=driver,
         name=net.pool_name(name),
         node_selection=selection,
