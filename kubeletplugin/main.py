@@ -18,7 +18,8 @@ from dradriver.devices.sources import build_sources, discover_all
 from dradriver.devices.static import MockDeviceError
 from dradriver.host.cdi import CDIRegistry
 from dradriver.host.hooks import Hook
-from dradriver.host.ledger import Ledger, LedgerError
+from dradriver.host.state.ledger import Ledger
+from dradriver.host.state.schema import LedgerError
 from dradriver.httpserver import HTTPEndpoint, build_app
 from dradriver.k8s.client import KubeClient, load_connection
 from dradriver.log import configure, get_logger

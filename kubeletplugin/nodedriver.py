@@ -28,15 +28,9 @@ from dradriver.api.wellknown import CONFLICT_ANNOTATION
 from dradriver.host.cdi import CDIDevice, CDIError, CDIRegistry, check_host_device_nodes
 from dradriver.host.containeredits import ContainerEdits
 from dradriver.host.hooks import Hook, HookError, run_hook
-from dradriver.host.ledger import (
-    ClaimDevice,
-    ClaimEntry,
-    DeviceBusy,
-    DeviceKey,
-    Ledger,
-    LedgerError,
-)
-from dradriver.host.ledgercommits import GroupCommitter
+from dradriver.host.state.commits import GroupCommitter
+from dradriver.host.state.ledger import Ledger
+from dradriver.host.state.schema import ClaimDevice, ClaimEntry, DeviceBusy, DeviceKey, LedgerError
 from dradriver.k8s.client import KubeClient
 from dradriver.k8s.errors import KubeAPIError
 from dradriver.k8s.objects import Obj

@@ -56,11 +56,11 @@ from dradriver.host.cdi import (
 )
 from dradriver.host.containeredits import ContainerEdits
 from dradriver.host.hooks import Hook, HookError, run_hook
-from dradriver.host.ledger import (
+from dradriver.host.state.ledger import Ledger
+from dradriver.host.state.schema import (
     ClaimHolder,
     DeviceBusy,
     DeviceRef,
-    Ledger,
     LedgerError,
     PluginHold,
     PluginHolder,

@@ -14,7 +14,7 @@ from typing import cast
 
 from devtools.cluster.cdicheck import check_specs, run_checker
 from dradriver.host.cdi import CDIRegistry
-from dradriver.host.ledger import Ledger
+from dradriver.host.state.ledger import Ledger
 from dradriver.k8s.client import KubeClient
 from kubeletplugin.devicemetadata import DeviceMetadataWriter
 from kubeletplugin.inventory import NodeInventory

@@ -29,7 +29,9 @@ from dradriver.devices.model import Device
 from dradriver.host.cdi import CDIDevice, CDIRegistry
 from dradriver.host.containeredits import ContainerEdits, DeviceNode
 from dradriver.host.hooks import Hook, run_hook
-from dradriver.host.ledger import ClaimDevice, Ledger, checksum
+from dradriver.host.state.codec import checksum
+from dradriver.host.state.ledger import Ledger
+from dradriver.host.state.schema import ClaimDevice
 from dradriver.k8s.client import KubeClient
 from dradriver.k8s.objects import Obj
 from dradriver.plugin.claimlock import ClaimLocks

@@ -26,7 +26,8 @@ from dradriver.devices.model import Device
 from dradriver.host.cdi import CDIDevice, CDIRegistry
 from dradriver.host.containeredits import ContainerEdits, DeviceNode
 from dradriver.host.hooks import Hook
-from dradriver.host.ledger import ClaimDevice, ClaimEntry, Ledger
+from dradriver.host.state.ledger import Ledger
+from dradriver.host.state.schema import ClaimDevice, ClaimEntry
 from dradriver.k8s.client import KubeClient
 from dradriver.k8s.http import TransportTimeout
 from dradriver.k8s.objects import Obj
