@@ -23,13 +23,13 @@ from dradriver.host.state.schema import LedgerError
 from dradriver.httpserver import HTTPEndpoint, build_app
 from dradriver.k8s.client import KubeClient, load_connection
 from dradriver.log import configure, get_logger
+from dradriver.plugin.devicemetadata import DeviceMetadataWriter
 from dradriver.plugin.helper import KubeletPluginHelper, PluginPaths
 from dradriver.resourceslice import capabilities
 from dradriver.resourceslice.capabilities import say_what_this_cluster_lacks
 from dradriver.resourceslice.pool import SliceError
 from dradriver.resourceslice.publisher import SlicePublisher, slice_informer
 from kubeletplugin.claimstatus import ClaimStatusWriter
-from kubeletplugin.devicemetadata import DeviceMetadataWriter
 from kubeletplugin.inventory import NodeInventory
 from kubeletplugin.legacy.errors import DevicePluginSetupError
 from kubeletplugin.metrics import PluginMetrics

@@ -32,7 +32,7 @@ from dradriver.k8s.client import KubeClient
 from dradriver.k8s.http import TransportTimeout
 from dradriver.k8s.objects import Obj
 from dradriver.plugin.interface import ClaimRef, PrepareResult
-from kubeletplugin import nodedriver
+from kubeletplugin import recovery
 from kubeletplugin.inventory import NodeInventory
 from kubeletplugin.legacy.shim import DevicePluginShim
 from kubeletplugin.nodedriver import NodeDriver, PrepareError
@@ -697,7 +697,7 @@ def test_the_start_does_not_wait_for_an_apiserver_that_never_answers(
         raise AssertionError("unreachable")
 
     node.api.get_or_none = get_or_none  # type: ignore[method-assign]
-    monkeypatch.setattr(nodedriver, "START_READ_BUDGET_SECONDS", 0.01)
+    monkeypatch.setattr(recovery, "START_READ_BUDGET_SECONDS", 0.01)
     node.start()
     assert node.reconcile() == {**NOTHING, "unconfirmed": 1}
     assert node.on_disk(uid_of(claim)) is not None
