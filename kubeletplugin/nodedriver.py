@@ -15,7 +15,6 @@ again later.
 
 from __future__ import annotations
 
-import asyncio
 from functools import partial
 from typing import Protocol
 
@@ -30,8 +29,9 @@ from dradriver.k8s.objects import Obj
 from dradriver.log import get_logger
 from dradriver.plugin.claimfetch import fetch_claim
 from dradriver.plugin.claimlock import ClaimLocks
+from dradriver.plugin.claims import ClaimRunner
 from dradriver.plugin.devicemetadata import DeviceMetadataWriter
-from dradriver.plugin.interface import ClaimRef, PreparedDevice, PrepareResult, claim_ref_problem
+from dradriver.plugin.interface import ClaimRef, PreparedDevice, PrepareResult
 from kubeletplugin import planning
 from kubeletplugin.inventory import NodeInventory
 from kubeletplugin.metrics import PluginMetrics
@@ -96,6 +96,9 @@ class NodeDriver:
         self.cdi = cdi
         self.metrics = metrics or PluginMetrics()
         self.claim_locks = ClaimLocks(ledger.path.parent / "claim-locks")
+        self.runner = ClaimRunner(
+            client, self, self.claim_locks, metrics=self.metrics.claims, logger=log
+        )
         self.store = ClaimStore(
             driver_name=driver_name,
             ledger=ledger,
@@ -118,50 +121,44 @@ class NodeDriver:
     def _commits(self) -> GroupCommitter:
         return self.store.commits
 
-    # ----- DRADriver ---------------------------------------------------------
+    # ----- DRADriver (the framework's runner: validate, lock, fetch) -----------
 
     async def prepare_claims(self, claims: list[ClaimRef]) -> dict[str, PrepareResult]:
         try:
-            results = await asyncio.gather(*(self._prepare_guarded(c) for c in claims))
+            return await self.runner.prepare_claims(claims)
         finally:
             self._claims_changed()
-        return {c.uid: r for c, r in zip(claims, results, strict=True)}
 
     async def unprepare_claims(self, claims: list[ClaimRef]) -> dict[str, str]:
         try:
-            errors = await asyncio.gather(*(self._unprepare_guarded(c) for c in claims))
+            return await self.runner.unprepare_claims(claims)
         finally:
             self._claims_changed()
-        return {c.uid: e for c, e in zip(claims, errors, strict=True)}
 
     def handle_error(self, error: BaseException, context: str) -> None:
         log.error("background error", context=context, error=str(error))
 
-    # ----- prepare -----------------------------------------------------------
+    # ----- ClaimDriver: one claim, fetched and locked ------------------------
 
-    async def _prepare_guarded(self, claim: ClaimRef) -> PrepareResult:
-        problem = claim_ref_problem(claim)
-        if problem:
-            self.metrics.prepare_errors.inc()
-            return PrepareResult(error=f"ResourceClaim {claim}: {problem}")
-        with self.metrics.in_flight.track_inprogress():
-            async with self.claim_locks.hold(claim.uid):
-                with self.metrics.prepare_seconds.time():
-                    try:
-                        devices, obj = await self._prepare(claim)
-                    except PrepareError as e:
-                        self.metrics.prepare_errors.inc()
-                        log.warning("prepare failed", claim=str(claim), uid=claim.uid, error=str(e))
-                        return PrepareResult(error=str(e))
-                    except Exception as e:
-                        self.metrics.prepare_errors.inc()
-                        log.exception("prepare failed unexpectedly", claim=str(claim))
-                        return PrepareResult(error=f"internal error: {e}")
-        self.metrics.prepares.inc()
+    async def prepare(self, claim: ClaimRef, obj: Obj) -> PrepareResult:
+        try:
+            devices = await self._prepare(claim, obj)
+        except PrepareError as e:
+            return PrepareResult(error=str(e))
         if self.status is not None:
             # Queued: API latency stays out of prepare; the claim as read saves a GET.
             self.status.prepared(claim, devices, obj)
         return PrepareResult(devices=devices)
+
+    async def unprepare(self, claim: ClaimRef) -> str:
+        if self.status is not None:
+            self.status.unprepared(claim.uid)
+        remove = None if self.metadata is None else partial(self.metadata.unprepared, claim)
+        try:
+            await self.store.unprepare(claim.uid, remove)
+        except (HookError, OSError) as e:
+            return f"ResourceClaim {claim}: {e}"
+        return ""
 
     def _claims_changed(self) -> None:
         if self.gate is not None:
@@ -186,9 +183,8 @@ class NodeDriver:
     def explain_busy(self, error: DeviceBusy) -> str:
         return self.gate.explain_busy(error) if self.gate is not None else str(error)
 
-    async def _prepare(self, claim: ClaimRef) -> tuple[list[PreparedDevice], Obj]:
-        """The prepared devices, and the claim as read (for its status): one transaction."""
-        obj = await self.fetch_claim(claim)
+    async def _prepare(self, claim: ClaimRef, obj: Obj) -> list[PreparedDevice]:
+        """The prepared devices: one transaction of the claim store."""
         planned = self.plan(claim, obj)
         ids = {p.cdi_name: self.cdi.cdi_id(claim.uid, p.cdi_name) for p in planned}
         devices = planning.prepared_devices(planned, ids)
@@ -211,7 +207,7 @@ class NodeDriver:
         devices = planning.prepared_devices(planned, done.ids)
         if done.side_files and files is not None:
             devices = DeviceMetadataWriter.with_ids(devices, files)
-        return devices, obj
+        return devices
 
     def _refusal(self, claim: ClaimRef, planned: list[PlannedDevice]) -> PrepareError | None:
         """Why the device plugin keeps one of the devices from DRA, or None."""
@@ -224,24 +220,3 @@ class NodeDriver:
             if reason:
                 return PrepareError(f"ResourceClaim {claim}: {reason}")
         return None
-
-    # ----- unprepare ---------------------------------------------------------
-
-    async def _unprepare_guarded(self, claim: ClaimRef) -> str:
-        problem = claim_ref_problem(claim)
-        if problem:
-            self.metrics.unprepare_errors.inc()
-            return f"ResourceClaim {claim}: {problem}"
-        if self.status is not None:
-            self.status.unprepared(claim.uid)
-        remove = None if self.metadata is None else partial(self.metadata.unprepared, claim)
-        async with self.claim_locks.hold(claim.uid):
-            with self.metrics.unprepare_seconds.time():
-                try:
-                    await self.store.unprepare(claim.uid, remove)
-                except (HookError, OSError) as e:
-                    self.metrics.unprepare_errors.inc()
-                    log.warning("unprepare failed", claim=str(claim), error=str(e))
-                    return f"ResourceClaim {claim}: {e}"
-        self.metrics.unprepares.inc()
-        return ""
