@@ -90,9 +90,9 @@ def config_problem(config: EffectiveConfig) -> str | None:
 
 
 def _configs(
-    driver: str, claim: ClaimRef, obj: Obj, requests: list[str]
+    driver: str, claim: ClaimRef, obj: Obj, devices: Obj, requests: list[str]
 ) -> dict[str, EffectiveConfig]:
-    devices = (allocation_of(obj) or {}).get("devices") or {}
+    """Each request's merged opaque config (``devices``: the allocation's)."""
     try:
         # References to DeviceClaimParameters: use what the controller pinned.
         config = pins.substitute(driver, devices.get("config") or [], pins.pinned(obj, driver))
@@ -122,14 +122,11 @@ def plan(driver: str, inventory: NodeInventory, claim: ClaimRef, obj: Obj) -> li
             f"ResourceClaim {claim} is held by dradriver-controller after an allocation "
             f"conflict ({conflict}); it is allocated again once the device is free"
         )
-    results = [
-        r
-        for r in (allocation.get("devices") or {}).get("results") or []
-        if r.get("driver") == driver
-    ]
+    devices = allocation.get("devices") or {}
+    results = [r for r in devices.get("results") or [] if r.get("driver") == driver]
     if not results:
         raise PrepareError(f"ResourceClaim {claim} has no devices of {driver}")
-    configs = _configs(driver, claim, obj, sorted({r["request"] for r in results}))
+    configs = _configs(driver, claim, obj, devices, sorted({r["request"] for r in results}))
     planned = []
     for r in results:
         network = None
