@@ -200,9 +200,9 @@ class ClaimStore:
         existing = self.ledger.get_claim(plan.uid)
         if existing is not None and existing.state == "prepared":
             if existing.recovered and same_devices(existing, plan.keys):
-                return self._adopt(plan, attempt)  # rebuilt from its spec: set up already
+                return self._adopt(plan)  # rebuilt from its spec: set up already
             if existing.config_digest == plan.digest:
-                return self._written(plan, attempt, fresh=False)  # a repeated call
+                return self._written(plan)  # a repeated call
             if not existing.recovered:
                 raise ClaimMismatchError(
                     f"ResourceClaim {plan} is already prepared with a different allocation "
@@ -234,7 +234,7 @@ class ClaimStore:
         self.ledger.complete_prepare(plan.uid, recorded)
         return Prepared(ids, self._write_side_files(plan, attempt), fresh=True)
 
-    def _adopt(self, plan: ClaimPlan, attempt: _Attempt) -> Prepared:
+    def _adopt(self, plan: ClaimPlan) -> Prepared:
         """Record a claim whose devices are set up already (its spec survived a lost
         ledger) as the plan says; its spec is written as prepare would."""
         ids = self.ids(plan)
@@ -247,16 +247,19 @@ class ClaimStore:
             config_digest=plan.digest,
         )
         self.ledger.adopt_claim(entry)
-        return self._written(plan, attempt, fresh=False)
+        return self._written(plan)
 
-    def _written(self, plan: ClaimPlan, attempt: _Attempt, *, fresh: bool) -> Prepared:
+    def _written(self, plan: ClaimPlan) -> Prepared:
+        """A claim prepared before: its spec and side files again (a failure to write
+        them later in the batch removes neither: the claim stays prepared)."""
         ids = self.cdi.write_claim(plan.uid, [d.cdi for d in plan.devices])
-        return Prepared(ids, self._write_side_files(plan, attempt), fresh=fresh)
+        return Prepared(ids, self._write_side_files(plan, None), fresh=False)
 
-    def _write_side_files(self, plan: ClaimPlan, attempt: _Attempt) -> bool:
+    def _write_side_files(self, plan: ClaimPlan, attempt: _Attempt | None) -> bool:
         if plan.side_files is None:
             return False
-        attempt.side_files = True
+        if attempt is not None:
+            attempt.side_files = True
         try:
             return plan.side_files.write()
         except Exception as e:  # the claim is recorded: only its side files are lost
@@ -265,7 +268,7 @@ class ClaimStore:
 
     async def adopt(self, plan: ClaimPlan) -> Prepared:
         """Start-up adoption: record a claim the API server says is prepared here."""
-        return await self.commits.run(lambda: self._adopt(plan, _Attempt()))
+        return await self.commits.run(lambda: self._adopt(plan))
 
     async def _roll_back(self, plan: ClaimPlan, attempt: _Attempt) -> None:
         """Undo a failed prepare, best effort: each step is tried even if one before failed."""
