@@ -34,7 +34,7 @@ from typing import Any
 from dradriver.api import networkpool as net
 from dradriver.k8s.client import KubeClient
 from dradriver.k8s.errors import KubeAPIError, is_conflict, is_not_found
-from dradriver.k8s.objects import Obj
+from dradriver.k8s.objects import Obj, allocation_of
 from dradriver.k8s.paths import RESOURCE_V1, path_for
 from dradriver.log import get_logger
 from dradriver.plugin.interface import ClaimRef, PreparedDevice
@@ -134,7 +134,7 @@ def merged_devices(
 
 def allocated_here(claim: Obj, driver: str, node: str) -> bool:
     """The claim's allocation has results of this driver in this node's pool."""
-    allocation = (claim.get("status") or {}).get("allocation") or {}
+    allocation = allocation_of(claim) or {}
     results = (allocation.get("devices") or {}).get("results") or []
     return any(r.get("driver") == driver and r.get("pool") == node for r in results)
 

@@ -18,17 +18,18 @@ from dradriver.devices.sources import build_sources, discover_all
 from dradriver.devices.static import MockDeviceError
 from dradriver.host.cdi import CDIRegistry
 from dradriver.host.hooks import Hook
-from dradriver.host.ledger import Ledger, LedgerError
+from dradriver.host.state.ledger import Ledger
+from dradriver.host.state.schema import LedgerError
 from dradriver.httpserver import HTTPEndpoint, build_app
 from dradriver.k8s.client import KubeClient, load_connection
 from dradriver.log import configure, get_logger
+from dradriver.plugin.devicemetadata import DeviceMetadataWriter
 from dradriver.plugin.helper import KubeletPluginHelper, PluginPaths
 from dradriver.resourceslice import capabilities
 from dradriver.resourceslice.capabilities import say_what_this_cluster_lacks
 from dradriver.resourceslice.pool import SliceError
 from dradriver.resourceslice.publisher import SlicePublisher, slice_informer
 from kubeletplugin.claimstatus import ClaimStatusWriter
-from kubeletplugin.devicemetadata import DeviceMetadataWriter
 from kubeletplugin.inventory import NodeInventory
 from kubeletplugin.legacy.errors import DevicePluginSetupError
 from kubeletplugin.metrics import PluginMetrics
@@ -50,29 +51,8 @@ class UsageError(ValueError):
     """A missing or contradictory command-line setting."""
 
 
-def build_parser() -> argparse.ArgumentParser:
-    env = os.environ.get
-    parser = argparse.ArgumentParser(
-        prog="dradriver-kubeletplugin",
-        description="Registers with the kubelet, publishes this node's ResourceSlices and "
-        "prepares devices for pods (DRA): setup/teardown hooks, CDI specs, and a crash-safe "
-        "ledger of which device is held by whom. With devicePlugin.enabled in the config it "
-        "also serves the same devices through the device-plugin API (v1beta1).",
-    )
-    parser.add_argument(
-        "--config",
-        type=Path,
-        default=env("DRADRIVER_CONFIG"),
-        help="driver configuration YAML (devices, hooks); env DRADRIVER_CONFIG",
-    )
-    parser.add_argument(
-        "--driver-name",
-        default=env("DRADRIVER_DRIVER_NAME"),
-        help=f"DRA driver name (default: from the config, else {DEFAULT_DRIVER_NAME})",
-    )
-    parser.add_argument(
-        "--node-name", default=env("NODE_NAME"), help="this node's name (env NODE_NAME)"
-    )
+def _add_path_arguments(parser: argparse.ArgumentParser) -> None:
+    """Where the kubelet, CDI and the ledger live on the host."""
     parser.add_argument(
         "--kubelet-root",
         type=Path,
@@ -105,6 +85,32 @@ def build_parser() -> argparse.ArgumentParser:
         help="where the ledger lives (default: the plugin dir under the kubelet "
         "root, which survives reboots)",
     )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    env = os.environ.get
+    parser = argparse.ArgumentParser(
+        prog="dradriver-kubeletplugin",
+        description="Registers with the kubelet, publishes this node's ResourceSlices and "
+        "prepares devices for pods (DRA): setup/teardown hooks, CDI specs, and a crash-safe "
+        "ledger of which device is held by whom. With devicePlugin.enabled in the config it "
+        "also serves the same devices through the device-plugin API (v1beta1).",
+    )
+    parser.add_argument(
+        "--config",
+        type=Path,
+        default=env("DRADRIVER_CONFIG"),
+        help="driver configuration YAML (devices, hooks); env DRADRIVER_CONFIG",
+    )
+    parser.add_argument(
+        "--driver-name",
+        default=env("DRADRIVER_DRIVER_NAME"),
+        help=f"DRA driver name (default: from the config, else {DEFAULT_DRIVER_NAME})",
+    )
+    parser.add_argument(
+        "--node-name", default=env("NODE_NAME"), help="this node's name (env NODE_NAME)"
+    )
+    _add_path_arguments(parser)
     parser.add_argument(
         "--instance",
         default=env("POD_UID", ""),
@@ -176,33 +182,8 @@ class Plugin:
         self.inventory = NodeInventory(self.node, lambda: discover_all(sources))
         self.shim: DevicePluginShim | None = None
         self.hold_reconciler: HoldReconciler | None = None
-        kubelet_root = Path(args.kubelet_root)
         if config.device_plugin.enabled:
-            # Imported here: a node without the shim never loads it (or the device-plugin
-            # framework and its gRPC stubs), bench.plugin_rss.
-            from kubeletplugin.legacy.podresources import HoldReconciler, PodResourcesClient
-            from kubeletplugin.legacy.shim import DevicePluginShim
-
-            self.shim = DevicePluginShim(
-                config=config.device_plugin,
-                driver_name=self.driver_name,
-                inventory=self.inventory,
-                ledger=self.ledger,
-                cdi_dir=args.cdi_dir,
-                plugin_dir=args.device_plugin_dir or kubelet_root / "device-plugins",
-                instance=args.instance,
-                metrics=self.metrics,
-            )
-            self.hold_reconciler = HoldReconciler(
-                self.shim,
-                PodResourcesClient(
-                    args.pod_resources_socket or kubelet_root / "pod-resources" / "kubelet.sock"
-                ),
-                interval=config.device_plugin.pod_resources_interval_seconds,
-                grace=config.device_plugin.release_grace_seconds,
-                on_error=self.metrics.dp_pod_resources_errors.inc,
-                on_pass=self.metrics.dp_pod_resources_polls.inc,
-            )
+            self._start_device_plugin_shim()
         self.claim_status = (
             ClaimStatusWriter(self.client, self.driver_name, self.node)
             if args.claim_status
@@ -225,20 +206,54 @@ class Plugin:
             if args.device_metadata
             else None,
         )
-        self.helper = KubeletPluginHelper(self.driver, self.paths)
+        slices = slice_informer(self.client, self.driver_name, self.node)
+        self.helper = KubeletPluginHelper(
+            self.driver,
+            self.paths,
+            publisher=SlicePublisher(
+                self.client,
+                self.driver_name,
+                slices,
+                node=self.node,
+                on_write=self.metrics.slice_writes.inc,
+            ),
+            slice_cache=slices,
+        )
         self.helper.registration.on_registered = self.metrics.registrations.inc
         self.helper.on_kubelet_call = self._count_kubelet_call
-        self.slices = slice_informer(self.client, self.driver_name, self.node)
-        self.publisher = SlicePublisher(
-            self.client,
-            self.driver_name,
-            self.slices,
-            node=self.node,
-            on_write=self.metrics.slice_writes.inc,
-        )
         self._publish_inventory()
         if self.shim is not None:
             self.shim.on_dra_view_change = self._publish_inventory
+
+    def _start_device_plugin_shim(self) -> None:
+        """The device-plugin shim and its pod-resources reconciler (devicePlugin.enabled)."""
+        # Imported here: a node without the shim never loads it (or the device-plugin
+        # framework and its gRPC stubs), bench.plugin_rss.
+        from kubeletplugin.legacy.podresources import HoldReconciler, PodResourcesClient
+        from kubeletplugin.legacy.shim import DevicePluginShim
+
+        args, config = self.args, self.config.device_plugin
+        kubelet_root = Path(args.kubelet_root)
+        self.shim = DevicePluginShim(
+            config=config,
+            driver_name=self.driver_name,
+            inventory=self.inventory,
+            ledger=self.ledger,
+            cdi_dir=args.cdi_dir,
+            plugin_dir=args.device_plugin_dir or kubelet_root / "device-plugins",
+            instance=args.instance,
+            metrics=self.metrics,
+        )
+        self.hold_reconciler = HoldReconciler(
+            self.shim,
+            PodResourcesClient(
+                args.pod_resources_socket or kubelet_root / "pod-resources" / "kubelet.sock"
+            ),
+            interval=config.pod_resources_interval_seconds,
+            grace=config.release_grace_seconds,
+            on_error=self.metrics.dp_pod_resources_errors.inc,
+            on_pass=self.metrics.dp_pod_resources_polls.inc,
+        )
 
     def _published_attributes(self, device: str) -> dict[str, Any]:
         """A device's attributes as its ResourceSlice shows them (for the metadata file)."""
@@ -258,7 +273,7 @@ class Plugin:
         except SliceError as e:  # keep publishing the last good pool
             self.driver.handle_error(e, "building the node's ResourceSlices")
             return
-        self.publisher.set_pool(pool)
+        self.helper.publish_resources(pool)
 
     def _count_kubelet_call(self, service: str, method: str) -> None:
         self.metrics.kubelet_calls.labels(service, method).inc()
@@ -323,11 +338,7 @@ class Plugin:
         await self.helper.start()
         if self.shim is not None:
             await self.shim.start()
-        tasks = [
-            asyncio.create_task(self.slices.run()),
-            asyncio.create_task(self.publisher.run(self.driver.handle_error)),
-            asyncio.create_task(self._health_loop()),
-        ]
+        tasks = [asyncio.create_task(self._health_loop())]
         if self.hold_reconciler is not None:
             tasks.append(asyncio.create_task(self.hold_reconciler.run()))
         # Claims the API server could not answer for at start, asked again with backoff.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dradriver.metrics import Counter, Gauge, Histogram, Registry
+from dradriver.plugin.claims import ClaimMetrics
 
 _BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 
@@ -52,7 +53,23 @@ class PluginMetrics:
         self.unhealthy_devices = Gauge(
             "dradriver_unhealthy_devices", "Devices currently unhealthy", registry=r
         )
-        # The device-plugin shim (label ``resource`` is the extended resource name).
+        self._device_plugin_families(r)
+
+    @property
+    def claims(self) -> ClaimMetrics:
+        """The per-claim families, for the framework's claim runner."""
+        return ClaimMetrics(
+            prepares=self.prepares,
+            prepare_errors=self.prepare_errors,
+            prepare_seconds=self.prepare_seconds,
+            in_flight=self.in_flight,
+            unprepares=self.unprepares,
+            unprepare_errors=self.unprepare_errors,
+            unprepare_seconds=self.unprepare_seconds,
+        )
+
+    def _device_plugin_families(self, r: Registry) -> None:
+        """The device-plugin shim's (label ``resource`` is the extended resource name)."""
         self.dp_allocations = Counter(
             "dradriver_deviceplugin_allocations_total",
             "Containers given devices through the device-plugin API",

@@ -1,5 +1,14 @@
 """Owns everything between a DRA driver and the kubelet but the device logic.
 
+Its scope is Go's kubelet-plugin helper's: the sockets and gRPC services,
+registration, health streams, and publishing the node's ResourceSlices
+(:meth:`KubeletPluginHelper.publish_resources`); claims reach the driver fetched and
+locked through :class:`dradriver.plugin.claims.ClaimRunner`, and device metadata is
+:mod:`dradriver.plugin.devicemetadata`'s. The slice publisher is handed in (it is
+:class:`dradriver.resourceslice.publisher.SlicePublisher`; frameworks do not import
+each other) and run by the helper from :meth:`~KubeletPluginHelper.start` to
+:meth:`~KubeletPluginHelper.stop`.
+
 Start order follows the kubelet's expectations: the plugin directory, then
 the DRA socket (so the kubelet can connect as soon as it registers us), then
 the registration socket in ``plugins_registry``. A watchdog recreates the
@@ -11,9 +20,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import grpc
 
@@ -31,6 +41,24 @@ from dradriver.plugin.services import (
 )
 
 log = get_logger("plugin.helper")
+
+
+class ResourcePublisher(Protocol):
+    """What the helper needs of a slice publisher."""
+
+    def set_pool(self, pool: Any) -> None:
+        """Publish ``pool`` (replacing what was desired for it)."""
+        ...
+
+    async def run(self, on_error: Callable[[BaseException, str], None]) -> None:
+        """Sync until cancelled."""
+        ...
+
+
+class Runnable(Protocol):
+    """A background loop (the publisher's slice cache)."""
+
+    async def run(self) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -68,8 +96,14 @@ class KubeletPluginHelper:
         paths: PluginPaths,
         watchdog_interval: float = 1.0,
         health_resend: float = HEALTH_RESEND_SECONDS,
+        *,
+        publisher: ResourcePublisher | None = None,
+        slice_cache: Runnable | None = None,
     ) -> None:
         self.driver = driver
+        self.publisher = publisher
+        self._publishing = [slice_cache] if slice_cache is not None else []
+        self._tasks: list[asyncio.Task[None]] = []
         self._health_resend = health_resend
         self.paths = paths
         self.registration = RegistrationService(paths.driver_name, str(paths.dra_socket))
@@ -81,6 +115,14 @@ class KubeletPluginHelper:
         self._watchdog_interval = watchdog_interval
         # Set before start(): told (service, method) of every DRA/health call.
         self.on_kubelet_call: KubeletCallHook | None = None
+
+    def publish_resources(self, pool: Any) -> None:
+        """Publish the node's pool; a change is synced (from :meth:`start` on)."""
+        if self.publisher is None:
+            raise RuntimeError(
+                "KubeletPluginHelper has no slice publisher: pass publisher= to publish resources"
+            )
+        self.publisher.set_pool(pool)
 
     @property
     def registered(self) -> bool:
@@ -97,6 +139,9 @@ class KubeletPluginHelper:
         log.info("serving DRA", socket=str(self.paths.dra_socket))
         await self._start_registration()
         self._watchdog = asyncio.create_task(self._watch_sockets())
+        self._tasks = [asyncio.create_task(loop.run()) for loop in self._publishing]
+        if self.publisher is not None:
+            self._tasks.append(asyncio.create_task(self.publisher.run(self.driver.handle_error)))
 
     async def _start_registration(self) -> None:
         if self._reg_server is not None:
@@ -129,10 +174,11 @@ class KubeletPluginHelper:
 
     async def stop(self) -> None:
         """Stop serving and remove our sockets, so a successor can start cleanly."""
-        if self._watchdog is not None:
-            self._watchdog.cancel()
+        for task in [*self._tasks, *([self._watchdog] if self._watchdog else [])]:
+            task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await self._watchdog
+                await task
+        self._tasks = []
         for health in self._health:
             await health.close()
         servers: list[Any] = [self._reg_server, self._dra_server]

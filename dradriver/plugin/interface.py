@@ -6,6 +6,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from dradriver.k8s.objects import Obj
+
 # Kubernetes UIDs are UUIDs. A claim UID also names files (CDI specs, lock files):
 # letters, digits, '-' and '.', starting and ending with a letter or digit, so it can
 # never be a path, start with '.', or swallow a separator.
@@ -74,8 +76,31 @@ class DeviceHealth:
     message: str = ""
 
 
+class ClaimDriver(Protocol):
+    """What a driver author implements: one claim, already fetched and locked.
+
+    :class:`dradriver.plugin.claims.ClaimRunner` turns it into a :class:`DRADriver`:
+    it validates the kubelet's reference, holds the claim's lock, and passes the claim
+    as the API server has it under the UID the kubelet named. Both calls must be
+    idempotent (the kubelet repeats them, and unprepares claims that are gone).
+    """
+
+    async def prepare(self, claim: ClaimRef, obj: Obj) -> PrepareResult:
+        """Prepare the claim; a failure is ``PrepareResult(error=...)`` (an exception is
+        answered as an internal error)."""
+        ...
+
+    async def unprepare(self, claim: ClaimRef) -> str:
+        """Unprepare the claim (also one never prepared here); "" or the error."""
+        ...
+
+    def handle_error(self, error: BaseException, context: str) -> None:
+        """Report an error that happened outside a request (e.g. slice publishing)."""
+        ...
+
+
 class DRADriver(Protocol):
-    """What a node driver implements; the helper calls it from the gRPC handlers.
+    """What the helper calls from the gRPC handlers: the kubelet's batches of claims.
 
     Both calls must be idempotent: the kubelet repeats them after restarts,
     and may unprepare claims that were never prepared or are already gone.

@@ -38,7 +38,8 @@ from dradriver.host.cdi import (
 )
 from dradriver.host.containeredits import ContainerEdits
 from dradriver.host.hooks import Hook, HookError, run_hook
-from dradriver.host.ledger import DeviceBusy, DeviceRef, Ledger, LedgerError, PluginHolder
+from dradriver.host.state.ledger import Ledger
+from dradriver.host.state.schema import DeviceBusy, DeviceRef, LedgerError, PluginHolder
 from dradriver.log import get_logger
 from kubeletplugin.legacy.allocspec import allocation_devices
 from kubeletplugin.legacy.holds import UNKNOWN_CONTAINER, PluginHolds

@@ -9,7 +9,7 @@ the device plugin's lists current again.
 
 from __future__ import annotations
 
-from dradriver.host.ledger import DeviceBusy, DeviceRef, PluginHolder
+from dradriver.host.state.schema import DeviceBusy, DeviceRef, PluginHolder
 from kubeletplugin.legacy.holds import PluginHolds
 from kubeletplugin.legacy.served import ServedDevices, held_taint_key
 

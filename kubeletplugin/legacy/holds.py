@@ -22,14 +22,8 @@ from collections.abc import Mapping
 
 from dradriver.devices.topology import natural_key
 from dradriver.host.cdi import CDIError, CDIRegistry
-from dradriver.host.ledger import (
-    ClaimHolder,
-    DeviceBusy,
-    DeviceRef,
-    Ledger,
-    LedgerError,
-    PluginHold,
-)
+from dradriver.host.state.ledger import Ledger
+from dradriver.host.state.schema import ClaimHolder, DeviceBusy, DeviceRef, LedgerError, PluginHold
 from dradriver.log import get_logger
 from kubeletplugin.legacy.allocspec import allocation_devices, spec_device_names, spec_resources
 from kubeletplugin.legacy.podresources import Assignment

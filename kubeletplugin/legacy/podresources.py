@@ -32,7 +32,7 @@ from typing import Protocol
 
 import grpc
 
-from dradriver.host.ledger import PluginHold
+from dradriver.host.state.schema import PluginHold
 from dradriver.kubeletapi.gen import podresources_v1_pb2 as pb
 from dradriver.kubeletapi.gen import podresources_v1_pb2_grpc as pb_grpc
 from dradriver.log import get_logger

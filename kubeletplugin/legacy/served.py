@@ -21,7 +21,8 @@ from dradriver.deviceplugin.server import PluginDevice
 from dradriver.devices.config import DevicePluginConfig
 from dradriver.devices.model import MAX_TAINTS_PER_DEVICE, Device, DeviceTaint
 from dradriver.devices.topology import Topology, device_topology, natural_key
-from dradriver.host.ledger import ClaimEntry, Ledger, PluginHold
+from dradriver.host.state.ledger import Ledger
+from dradriver.host.state.schema import ClaimEntry, PluginHold
 from dradriver.log import get_logger
 from kubeletplugin.inventory import NodeInventory
 from kubeletplugin.legacy.errors import DevicePluginSetupError

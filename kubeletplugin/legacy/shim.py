@@ -44,7 +44,8 @@ from dradriver.devices.config import DevicePluginConfig
 from dradriver.devices.model import Device
 from dradriver.host.cdi import CDIRegistry
 from dradriver.host.hooks import Hook
-from dradriver.host.ledger import DeviceBusy, Ledger, PluginHold
+from dradriver.host.state.ledger import Ledger
+from dradriver.host.state.schema import DeviceBusy, PluginHold
 from kubeletplugin.inventory import NodeInventory
 from kubeletplugin.legacy.allocate import Allocations, pre_start_hook
 from kubeletplugin.legacy.allocspec import CDI_CLASS

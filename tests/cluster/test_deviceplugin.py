@@ -30,7 +30,7 @@ from devtools.cluster.wait import wait_until
 from devtools.harness.nodeplugin import NodePlugin, node_slices, start_node_plugin
 from dradriver.devices.static import create_mock_device
 from dradriver.host.cdi import CDIRegistry
-from dradriver.host.ledger import Ledger
+from dradriver.host.state.ledger import Ledger
 from dradriver.k8s.objects import Obj
 from dradriver.k8s.paths import RESOURCE_V1, path_for
 from dradriver.kubeletapi.gen import deviceplugin_v1beta1_pb2 as dp

@@ -28,7 +28,8 @@ from dradriver.devices.model import Device
 from dradriver.devices.static import create_mock_device
 from dradriver.host.cdi import CDIDevice, CDIRegistry
 from dradriver.host.containeredits import ContainerEdits
-from dradriver.host.ledger import ClaimDevice, Ledger
+from dradriver.host.state.ledger import Ledger
+from dradriver.host.state.schema import ClaimDevice
 from dradriver.k8s.client import KubeClient, load_connection
 from dradriver.k8s.objects import Obj
 from dradriver.k8s.paths import RESOURCE_V1, path_for

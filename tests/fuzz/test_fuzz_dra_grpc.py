@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 from dradriver.devices.model import Device
 from dradriver.host.cdi import CDIRegistry
 from dradriver.host.containeredits import ContainerEdits, DeviceNode
-from dradriver.host.ledger import Ledger
+from dradriver.host.state.ledger import Ledger
 from dradriver.k8s.client import KubeClient
 from dradriver.kubeletapi.gen import (
     dra_v1_pb2,

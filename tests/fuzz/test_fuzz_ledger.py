@@ -12,7 +12,9 @@ from typing import Any
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
-from dradriver.host.ledger import SUPPORTED_VERSION, Ledger, LedgerVersionError, checksum
+from dradriver.host.state.codec import checksum
+from dradriver.host.state.ledger import Ledger
+from dradriver.host.state.schema import SUPPORTED_VERSION, LedgerVersionError
 from tests.fuzz.strategies import deep_depths, deep_json, json_values, tricky_text
 
 FUZZ = settings.get_profile("fuzz")

@@ -25,7 +25,7 @@ from dradriver.devices.config import parse_config
 from dradriver.devices.sources import build_sources, discover_all
 from dradriver.host.cdi import CDIDevice, CDIRegistry, host_device_node_problem
 from dradriver.host.containeredits import ContainerEdits, DeviceNode
-from dradriver.host.ledger import Ledger
+from dradriver.host.state.ledger import Ledger
 from dradriver.k8s.client import KubeClient
 from dradriver.k8s.objects import Obj
 from dradriver.k8s.paths import RESOURCE_V1, path_for

@@ -14,9 +14,9 @@ from typing import cast
 
 from devtools.cluster.cdicheck import check_specs, run_checker
 from dradriver.host.cdi import CDIRegistry
-from dradriver.host.ledger import Ledger
+from dradriver.host.state.ledger import Ledger
 from dradriver.k8s.client import KubeClient
-from kubeletplugin.devicemetadata import DeviceMetadataWriter
+from dradriver.plugin.devicemetadata import DeviceMetadataWriter
 from kubeletplugin.inventory import NodeInventory
 from kubeletplugin.nodedriver import NodeDriver
 from tests.fakes.apiserver import FakeAPIServer

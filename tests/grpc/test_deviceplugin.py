@@ -24,7 +24,8 @@ from dradriver.devices.sources import build_sources, discover_all
 from dradriver.devices.static import create_mock_device
 from dradriver.host.cdi import CDIDevice, CDIRegistry
 from dradriver.host.containeredits import ContainerEdits
-from dradriver.host.ledger import ClaimDevice, DeviceBusy, Ledger
+from dradriver.host.state.ledger import Ledger
+from dradriver.host.state.schema import ClaimDevice, DeviceBusy
 from dradriver.k8s.objects import Obj
 from dradriver.kubeletapi.gen import deviceplugin_v1beta1_pb2 as dp
 from dradriver.kubeletapi.gen import deviceplugin_v1beta1_pb2_grpc as dp_grpc

@@ -372,3 +372,45 @@ def test_every_kubelet_call_is_reported_with_the_service_version_it_used(sock_di
         ("v1.DRAPlugin", "NodeUnprepareResources"),
         ("v1.DRAResourceHealth", "NodeWatchResources"),
     ]
+
+
+class FakePublisher:
+    """Records pools and runs until cancelled, as SlicePublisher does."""
+
+    def __init__(self) -> None:
+        self.pools: list[object] = []
+        self.running = asyncio.Event()
+        self.stopped = asyncio.Event()
+
+    def set_pool(self, pool: object) -> None:
+        self.pools.append(pool)
+
+    async def run(self, on_error: Callable[[BaseException, str], None]) -> None:
+        self.running.set()
+        try:
+            await asyncio.Event().wait()
+        finally:
+            self.stopped.set()
+
+
+def test_the_helper_publishes_resources_from_start_to_stop(sock_dir: Path) -> None:
+    async def main() -> None:
+        publisher = FakePublisher()
+        helper = KubeletPluginHelper(
+            RecordingDriver(), PluginPaths(sock_dir, DRIVER), publisher=publisher
+        )
+        helper.publish_resources("pool-1")
+        assert publisher.pools == ["pool-1"] and not publisher.running.is_set()
+        await helper.start()
+        try:
+            async with asyncio.timeout(5):
+                await publisher.running.wait()
+        finally:
+            await helper.stop()
+        assert publisher.stopped.is_set()
+        with pytest.raises(RuntimeError, match="no slice publisher"):
+            KubeletPluginHelper(RecordingDriver(), PluginPaths(sock_dir, DRIVER)).publish_resources(
+                "pool-1"
+            )
+
+    asyncio.run(main())

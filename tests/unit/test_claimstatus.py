@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from dradriver.host.cdi import CDIRegistry
-from dradriver.host.ledger import Ledger
+from dradriver.host.state.ledger import Ledger
 from dradriver.k8s.client import KubeClient
 from dradriver.k8s.objects import Obj
 from kubeletplugin.claimstatus import ClaimStatusWriter, merged_devices

@@ -28,7 +28,7 @@ from dradriver.host.cdi import (
     host_device_node_problem,
 )
 from dradriver.host.containeredits import ContainerEdits, DeviceNode
-from dradriver.host.ledger import Ledger
+from dradriver.host.state.ledger import Ledger
 from dradriver.k8s.client import KubeClient
 from dradriver.k8s.objects import Obj
 from dradriver.k8s.paths import RESOURCE_V1, path_for

@@ -17,7 +17,7 @@ from dradriver.devices.topology import (
     natural_key,
     preferred_allocation,
 )
-from dradriver.host.ledger import DeviceRef, PluginHold
+from dradriver.host.state.schema import DeviceRef, PluginHold
 from kubeletplugin.legacy.podresources import Assignment, ReconcilePlan, plan_reconcile
 from tests.stepcount import python_calls
 

@@ -18,7 +18,8 @@ from dradriver.deviceplugin.server import DevicePluginError
 from dradriver.devices.config import parse_config
 from dradriver.devices.sources import build_sources, discover_all
 from dradriver.host.cdi import CDIRegistry
-from dradriver.host.ledger import DeviceRef, Ledger, PluginHold
+from dradriver.host.state.ledger import Ledger
+from dradriver.host.state.schema import DeviceRef, PluginHold
 from dradriver.k8s.objects import Obj
 from kubeletplugin.inventory import NodeInventory
 from kubeletplugin.legacy.allocspec import CDI_CLASS

@@ -29,12 +29,14 @@ from dradriver.devices.model import Device
 from dradriver.host.cdi import CDIDevice, CDIRegistry
 from dradriver.host.containeredits import ContainerEdits, DeviceNode
 from dradriver.host.hooks import Hook, run_hook
-from dradriver.host.ledger import ClaimDevice, Ledger, checksum
+from dradriver.host.state import claimstore
+from dradriver.host.state.codec import checksum
+from dradriver.host.state.ledger import Ledger
+from dradriver.host.state.schema import ClaimDevice
 from dradriver.k8s.client import KubeClient
 from dradriver.k8s.objects import Obj
 from dradriver.plugin.claimlock import ClaimLocks
 from dradriver.plugin.interface import PrepareResult
-from kubeletplugin import nodedriver
 from kubeletplugin.inventory import NodeInventory
 from kubeletplugin.nodedriver import NodeDriver
 from tests.fakes.apiserver import FakeAPIServer
@@ -386,7 +388,7 @@ def test_the_ledger_is_durable_before_a_device_is_set_up(
         syscalls.append(("hook", hook.name, b""))
         return await run_hook(hook, env)
 
-    monkeypatch.setattr(nodedriver, "run_hook", recording_run_hook)
+    monkeypatch.setattr(claimstore, "run_hook", recording_run_hook)
     assert plugin.prepare().error == ""
     steps = [(call, path) for call, path, _ in syscalls]
     setup = steps.index(("hook", "setup"))

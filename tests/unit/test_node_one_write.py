@@ -26,7 +26,7 @@ import pytest
 from dradriver.devices.model import Device
 from dradriver.host.cdi import CDIRegistry
 from dradriver.host.containeredits import ContainerEdits, DeviceNode
-from dradriver.host.ledger import Ledger
+from dradriver.host.state.ledger import Ledger
 from dradriver.k8s.client import KubeClient
 from dradriver.k8s.objects import Obj
 from dradriver.plugin.interface import PrepareResult

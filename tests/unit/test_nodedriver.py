@@ -26,12 +26,13 @@ from dradriver.devices.model import Device
 from dradriver.host.cdi import CDIDevice, CDIRegistry
 from dradriver.host.containeredits import ContainerEdits, DeviceNode
 from dradriver.host.hooks import Hook
-from dradriver.host.ledger import ClaimDevice, ClaimEntry, Ledger
+from dradriver.host.state.ledger import Ledger
+from dradriver.host.state.schema import ClaimDevice, ClaimEntry
 from dradriver.k8s.client import KubeClient
 from dradriver.k8s.http import TransportTimeout
 from dradriver.k8s.objects import Obj
 from dradriver.plugin.interface import ClaimRef, PrepareResult
-from kubeletplugin import nodedriver
+from kubeletplugin import recovery
 from kubeletplugin.inventory import NodeInventory
 from kubeletplugin.legacy.shim import DevicePluginShim
 from kubeletplugin.nodedriver import NodeDriver, PrepareError
@@ -696,7 +697,7 @@ def test_the_start_does_not_wait_for_an_apiserver_that_never_answers(
         raise AssertionError("unreachable")
 
     node.api.get_or_none = get_or_none  # type: ignore[method-assign]
-    monkeypatch.setattr(nodedriver, "START_READ_BUDGET_SECONDS", 0.01)
+    monkeypatch.setattr(recovery, "START_READ_BUDGET_SECONDS", 0.01)
     node.start()
     assert node.reconcile() == {**NOTHING, "unconfirmed": 1}
     assert node.on_disk(uid_of(claim)) is not None

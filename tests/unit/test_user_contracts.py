@@ -13,7 +13,7 @@ from importlib import import_module
 from pathlib import Path
 
 from dradriver.host.cdi import CDIRegistry
-from dradriver.host.ledger import SUPPORTED_VERSION
+from dradriver.host.state.schema import SUPPORTED_VERSION
 
 REPO = Path(__file__).resolve().parents[2]
 PRODUCT = ("dradriver", "controller", "kubeletplugin", "devtools")

@@ -18,7 +18,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from dradriver.host.ledger import (
+from dradriver.host.state.codec import checksum
+from dradriver.host.state.ledger import Ledger
+from dradriver.host.state.schema import (
     ClaimDevice,
     ClaimHolder,
     ClaimMismatchError,
@@ -26,13 +28,11 @@ from dradriver.host.ledger import (
     DeviceBusy,
     DeviceKey,
     DeviceRef,
-    Ledger,
     LedgerValueError,
     LedgerVersionError,
     PluginHolder,
     UnknownClaimError,
     UnknownPluginHoldError,
-    checksum,
 )
 from tests.stepcount import python_calls
 

@@ -41,7 +41,7 @@ from typing import Any
 from dradriver.host.atomicfile import atomic_write
 from dradriver.host.cdi import CDIDevice, CDIError, CDIRegistry
 from dradriver.host.containeredits import ContainerEdits, Mount
-from dradriver.k8s.objects import Obj
+from dradriver.k8s.objects import Obj, allocation_of
 from dradriver.log import get_logger
 from dradriver.plugin.interface import ClaimRef, PreparedDevice
 
@@ -145,9 +145,7 @@ class DeviceMetadataWriter:
             pod_claim_name = None
         # The file is named by the request, its content by the subrequest that was chosen
         # ("gpu/large"), as the allocation results say.
-        results = (((obj.get("status") or {}).get("allocation") or {}).get("devices") or {}).get(
-            "results"
-        ) or []
+        results = ((allocation_of(obj) or {}).get("devices") or {}).get("results") or []
         chosen = {
             str(r.get("request", "")).split("/")[0]: str(r.get("request"))
             for r in results

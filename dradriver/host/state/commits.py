@@ -14,7 +14,7 @@ import asyncio
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from dradriver.host.ledger import Ledger
+from dradriver.host.state.ledger import Ledger
 
 T = TypeVar("T")
 

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from dradriver.host.ledger import ClaimDevice, ClaimEntry, DeviceBusy, Ledger
-from dradriver.host.ledgercommits import GroupCommitter
+from dradriver.host.state.commits import GroupCommitter
+from dradriver.host.state.ledger import Ledger
+from dradriver.host.state.schema import ClaimDevice, ClaimEntry, DeviceBusy
 
 
 def excl(device: str) -> ClaimDevice:

@@ -15,11 +15,11 @@ from pathlib import Path
 from typing import Any, cast
 
 from dradriver.host.cdi import CDIRegistry
-from dradriver.host.ledger import Ledger
+from dradriver.host.state.ledger import Ledger
 from dradriver.k8s.client import KubeClient
 from dradriver.k8s.objects import Obj
+from dradriver.plugin.devicemetadata import DeviceMetadataWriter, MetadataFiles
 from dradriver.plugin.interface import ClaimRef
-from kubeletplugin.devicemetadata import DeviceMetadataWriter, MetadataFiles
 from kubeletplugin.inventory import NodeInventory
 from kubeletplugin.nodedriver import NodeDriver
 from tests.fakes.apiserver import FakeAPIServer
