@@ -34,6 +34,12 @@ from typing import Any
 import grpc
 import httpx
 import yaml
+from dradriver.kubeletapi.gen import (
+    dra_v1_pb2,
+    dra_v1_pb2_grpc,
+    pluginregistration_v1_pb2,
+    pluginregistration_v1_pb2_grpc,
+)
 
 from devtools.cluster.api import AdminAPI
 from devtools.cluster.binaries import cache_root
@@ -44,12 +50,6 @@ from devtools.paths import REPO
 from dradriver.k8s.errors import KubeAPIError
 from dradriver.k8s.objects import Obj
 from dradriver.k8s.paths import RESOURCE_V1, path_for
-from dradriver.kubeletapi.gen import (
-    dra_v1_pb2,
-    dra_v1_pb2_grpc,
-    pluginregistration_v1_pb2,
-    pluginregistration_v1_pb2_grpc,
-)
 
 BENCH_NODE = "bench-node"
 GO_DRIVER = "gpu.example.com"

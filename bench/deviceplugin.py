@@ -35,6 +35,8 @@ from typing import Any
 
 import grpc
 import yaml
+from dradriver.kubeletapi.gen import deviceplugin_v1beta1_pb2 as dp
+from dradriver.kubeletapi.gen import deviceplugin_v1beta1_pb2_grpc as dp_grpc
 
 from bench.common import (
     BenchError,
@@ -53,8 +55,6 @@ from devtools.harness.nodeplugin import NodePlugin, start_node_plugin
 from dradriver.deviceplugin.endpoints import socket_name
 from dradriver.devices.static import create_mock_device
 from dradriver.k8s.paths import RESOURCE_V1, path_for
-from dradriver.kubeletapi.gen import deviceplugin_v1beta1_pb2 as dp
-from dradriver.kubeletapi.gen import deviceplugin_v1beta1_pb2_grpc as dp_grpc
 
 SMOKE_ARGS = ("--iterations", "3", "--devices", "12", "--health-rounds", "1")
 CLUSTER = "shared"  # the running local cluster, or one it starts (bench/__init__.py)

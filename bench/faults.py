@@ -52,6 +52,8 @@ from pathlib import Path
 import grpc
 import httpx
 import yaml
+from dradriver.kubeletapi.gen import deviceplugin_v1beta1_pb2 as dp
+from dradriver.kubeletapi.gen import deviceplugin_v1beta1_pb2_grpc as dp_grpc
 
 from bench.common import (
     BenchClaim,
@@ -83,8 +85,6 @@ from dradriver.host.cdi import CDIRegistry
 from dradriver.k8s.errors import KubeAPIError
 from dradriver.k8s.objects import Obj
 from dradriver.k8s.paths import RESOURCE_V1, path_for
-from dradriver.kubeletapi.gen import deviceplugin_v1beta1_pb2 as dp
-from dradriver.kubeletapi.gen import deviceplugin_v1beta1_pb2_grpc as dp_grpc
 
 SMOKE_ARGS = ("--quick",)
 CLUSTER = "own"  # an isolated cluster of its own (bench/__init__.py)

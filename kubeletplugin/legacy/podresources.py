@@ -31,10 +31,10 @@ from pathlib import Path
 from typing import Protocol
 
 import grpc
-
-from dradriver.host.ledger import PluginHold
 from dradriver.kubeletapi.gen import podresources_v1_pb2 as pb
 from dradriver.kubeletapi.gen import podresources_v1_pb2_grpc as pb_grpc
+
+from dradriver.host.ledger import PluginHold
 from dradriver.log import get_logger
 
 log = get_logger("kubeletplugin.podresources")

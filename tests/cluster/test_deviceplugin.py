@@ -21,6 +21,9 @@ from typing import Any
 import grpc
 import pytest
 import yaml
+from dradriver.kubeletapi.gen import deviceplugin_v1beta1_pb2 as dp
+from dradriver.kubeletapi.gen import podresources_v1_pb2 as pr
+from dradriver.kubeletapi.gen import podresources_v1_pb2_grpc as pr_grpc
 
 from devtools.cluster.api import AdminAPI
 from devtools.cluster.gates import apiserver_gates, why_off
@@ -33,9 +36,6 @@ from dradriver.host.cdi import CDIRegistry
 from dradriver.host.ledger import Ledger
 from dradriver.k8s.objects import Obj
 from dradriver.k8s.paths import RESOURCE_V1, path_for
-from dradriver.kubeletapi.gen import deviceplugin_v1beta1_pb2 as dp
-from dradriver.kubeletapi.gen import podresources_v1_pb2 as pr
-from dradriver.kubeletapi.gen import podresources_v1_pb2_grpc as pr_grpc
 from kubeletplugin.legacy.podresources import DEFAULT_SETTLE_SECONDS as SETTLE_SECONDS
 from kubeletplugin.legacy.shim import CDI_CLASS, held_taint_key
 from tests.cluster.conftest import Recorder

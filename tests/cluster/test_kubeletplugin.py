@@ -14,6 +14,7 @@ import grpc
 import httpx
 import pytest
 import yaml
+from dradriver.kubeletapi.gen import dra_v1_pb2, dra_v1_pb2_grpc
 
 from devtools.cluster.api import AdminAPI
 from devtools.cluster.gates import apiserver_gates, kubelet_gates, why_off
@@ -32,7 +33,6 @@ from dradriver.host.ledger import ClaimDevice, Ledger
 from dradriver.k8s.client import KubeClient, load_connection
 from dradriver.k8s.objects import Obj
 from dradriver.k8s.paths import RESOURCE_V1, path_for
-from dradriver.kubeletapi.gen import dra_v1_pb2, dra_v1_pb2_grpc
 from dradriver.resourceslice.builder import build_slices
 from dradriver.resourceslice.pool import node_pool
 from dradriver.resourceslice.publisher import SlicePublisher, slice_informer

@@ -16,11 +16,11 @@ from typing import Any, cast
 
 import grpc
 import pytest
+from dradriver.kubeletapi.gen import deviceplugin_v1beta1_pb2 as dp
+from dradriver.kubeletapi.gen import deviceplugin_v1beta1_pb2_grpc as dp_grpc
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
-from dradriver.kubeletapi.gen import deviceplugin_v1beta1_pb2 as dp
-from dradriver.kubeletapi.gen import deviceplugin_v1beta1_pb2_grpc as dp_grpc
 from kubeletplugin.legacy.shim import DevicePluginShim
 from tests.fuzz.serverthread import LoopThread
 from tests.fuzz.test_fuzz_dra_grpc import MAX_MESSAGE, NO_ANSWER, RPC_TIMEOUT

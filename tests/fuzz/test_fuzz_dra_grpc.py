@@ -19,6 +19,12 @@ from typing import Any, cast
 
 import grpc
 import pytest
+from dradriver.kubeletapi.gen import (
+    dra_v1_pb2,
+    dra_v1_pb2_grpc,
+    dra_v1beta1_pb2,
+    dra_v1beta1_pb2_grpc,
+)
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
@@ -27,12 +33,6 @@ from dradriver.host.cdi import CDIRegistry
 from dradriver.host.containeredits import ContainerEdits, DeviceNode
 from dradriver.host.ledger import Ledger
 from dradriver.k8s.client import KubeClient
-from dradriver.kubeletapi.gen import (
-    dra_v1_pb2,
-    dra_v1_pb2_grpc,
-    dra_v1beta1_pb2,
-    dra_v1beta1_pb2_grpc,
-)
 from dradriver.plugin.helper import KubeletPluginHelper, PluginPaths
 from kubeletplugin.inventory import NodeInventory
 from kubeletplugin.nodedriver import NodeDriver

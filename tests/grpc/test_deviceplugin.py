@@ -18,6 +18,10 @@ from typing import Any
 import grpc
 import pytest
 import yaml
+from dradriver.kubeletapi.gen import deviceplugin_v1beta1_pb2 as dp
+from dradriver.kubeletapi.gen import deviceplugin_v1beta1_pb2_grpc as dp_grpc
+from dradriver.kubeletapi.gen import podresources_v1_pb2 as pr
+from dradriver.kubeletapi.gen import podresources_v1_pb2_grpc as pr_grpc
 
 from dradriver.devices.config import parse_config
 from dradriver.devices.sources import build_sources, discover_all
@@ -26,10 +30,6 @@ from dradriver.host.cdi import CDIDevice, CDIRegistry
 from dradriver.host.containeredits import ContainerEdits
 from dradriver.host.ledger import ClaimDevice, DeviceBusy, Ledger
 from dradriver.k8s.objects import Obj
-from dradriver.kubeletapi.gen import deviceplugin_v1beta1_pb2 as dp
-from dradriver.kubeletapi.gen import deviceplugin_v1beta1_pb2_grpc as dp_grpc
-from dradriver.kubeletapi.gen import podresources_v1_pb2 as pr
-from dradriver.kubeletapi.gen import podresources_v1_pb2_grpc as pr_grpc
 from kubeletplugin.inventory import NodeInventory
 from kubeletplugin.legacy.podresources import Assignment, HoldReconciler, PodResourcesClient
 from kubeletplugin.legacy.shim import CDI_CLASS, DevicePluginShim, held_taint_key

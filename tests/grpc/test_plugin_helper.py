@@ -11,7 +11,6 @@ from typing import Any
 
 import grpc
 import pytest
-
 from dradriver.kubeletapi.gen import (
     dra_v1_pb2,
     dra_v1_pb2_grpc,
@@ -24,6 +23,7 @@ from dradriver.kubeletapi.gen import (
     pluginregistration_v1_pb2,
     pluginregistration_v1_pb2_grpc,
 )
+
 from dradriver.plugin.helper import KubeletPluginHelper, PluginPaths
 from dradriver.plugin.interface import ClaimRef, DeviceHealth, PreparedDevice, PrepareResult
 from dradriver.plugin.services import HEALTH_TIMEOUT_SECONDS
