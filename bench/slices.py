@@ -49,8 +49,8 @@ from bench.common import (
 from devtools.cluster.api import AdminAPI
 from devtools.cluster.local import running_cluster
 from devtools.cluster.wait import wait_until
-from dradriver.devices.config import StaticDeviceEntry
 from dradriver.devices.model import Device
+from dradriver.devices.sourceconfig import StaticDeviceEntry
 from dradriver.k8s.client import KubeClient, load_connection
 from dradriver.resourceslice.pool import node_pool
 from dradriver.resourceslice.publisher import SlicePublisher, slice_informer

@@ -34,7 +34,7 @@ Bad user input, with field errors (``.field_errors``)::
 
     ValueError
     └── errors: FieldErrors
-        ├── devices.config: DriverConfigError        the driver configuration file
+        ├── devices.configyaml: DriverConfigError    the driver configuration file
         ├── api.deviceconfig: DeviceConfigError      an opaque config entry for this driver
         ├── api.parameters: ParametersError          DeviceClaimParameters, or a claim's use of them
         └── api.networkpool: NetworkPoolError        a NetworkDevicePool; a network device that

@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dradriver import DEFAULT_DRIVER_NAME
-from dradriver.devices.config import DriverConfig, DriverConfigError, load_config
+from dradriver.devices.config import DriverConfig, load_config
+from dradriver.devices.configyaml import DriverConfigError
 from dradriver.devices.sources import build_sources, discover_all
 from dradriver.devices.static import MockDeviceError
 from dradriver.host.cdi import CDIRegistry

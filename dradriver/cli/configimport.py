@@ -13,7 +13,7 @@ from pathlib import Path
 
 import yaml
 
-from dradriver.devices.config import MAX_CONFIG_BYTES
+from dradriver.devices.configyaml import MAX_CONFIG_BYTES
 from dradriver.devices.importing import (
     ImportResult,
     import_generic_device_plugin,

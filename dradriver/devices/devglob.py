@@ -21,9 +21,9 @@ import re
 import stat
 
 from dradriver.devices.attributes import ATTRIBUTE_VALUE_MAX_LENGTH, StringAttribute
-from dradriver.devices.config import DevGlobSourceConfig
 from dradriver.devices.health import HealthChecker
 from dradriver.devices.model import Device, DeviceProperties
+from dradriver.devices.sourceconfig import DevGlobSourceConfig
 from dradriver.host.containeredits import ContainerEdits, DeviceNode
 from dradriver.k8s import names
 from dradriver.log import get_logger

@@ -17,9 +17,9 @@ import os
 import re
 
 from dradriver.devices.attributes import AttributeValue, IntAttribute, StringAttribute
-from dradriver.devices.config import PciSourceConfig
 from dradriver.devices.health import HealthChecker
 from dradriver.devices.model import Device, DeviceProperties
+from dradriver.devices.sourceconfig import PciSourceConfig
 from dradriver.devices.topology import MAX_NUMA_NODES, NUMA_NODE_ATTRIBUTE, PCIE_ROOT_ATTRIBUTE
 from dradriver.log import get_logger
 

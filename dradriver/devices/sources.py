@@ -11,6 +11,7 @@ from typing import Protocol
 
 from dradriver.devices.config import DriverConfig
 from dradriver.devices.devglob import DevGlobSource
+from dradriver.devices.hostdev.source import HostDeviceSource
 from dradriver.devices.model import Device
 from dradriver.devices.pci import PciSource
 from dradriver.devices.static import StaticSource
@@ -51,6 +52,8 @@ def build_sources(config: DriverConfig) -> list[DeviceSource]:
             sources.append(DevGlobSource(name, source.devglob))
         elif source.pci is not None:
             sources.append(PciSource(name, source.pci))
+        elif source.host is not None:
+            sources.append(HostDeviceSource(name, source.host))
     return sources
 
 

@@ -21,9 +21,9 @@ import stat
 from pathlib import Path
 from typing import Literal
 
-from dradriver.devices.config import StaticSourceConfig
 from dradriver.devices.health import HealthChecker
 from dradriver.devices.model import Device
+from dradriver.devices.sourceconfig import StaticSourceConfig
 from dradriver.host.containeredits import ContainerEdits, DeviceNode
 from dradriver.log import get_logger
 

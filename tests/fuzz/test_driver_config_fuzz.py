@@ -12,7 +12,8 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dradriver.devices.config import DriverConfig, DriverConfigError, load_config, parse_config
+from dradriver.devices.config import DriverConfig, load_config, parse_config
+from dradriver.devices.configyaml import DriverConfigError
 
 FUZZ = settings(
     derandomize=True,

@@ -9,7 +9,8 @@ import pytest
 import yaml
 
 from dradriver.cli.main import main
-from dradriver.devices.config import MAX_CONFIG_BYTES
+from dradriver.devices.config import parse_config
+from dradriver.devices.configyaml import MAX_CONFIG_BYTES
 from dradriver.devices.importing import (
     import_generic_device_plugin,
     import_smarter_device_manager,
@@ -98,6 +99,7 @@ def test_gdp_every_field_maps_to_a_host_profile() -> None:
         },
         {
             "name": "ch340",
+            "nodes": [{"path": "/dev/bus/usb/*/*", "permissions": "rwm"}],
             "usb": [{"vendor": "0x1a86", "product": "0x7523", "serial": "12345"}],
             "share": 2,
             "extendedResourceName": "example.org/ch340",
@@ -525,3 +527,16 @@ def test_cli_invalid_input_exits_2_with_the_message(
     assert err.startswith(f"dradriver config import: {file}: ")
     assert message in err
     assert "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    "result",
+    [
+        pytest.param(lambda: import_generic_device_plugin(GDP_FULL), id="generic-device-plugin"),
+        pytest.param(lambda: import_smarter_device_manager(SDM), id="smarter-device-manager"),
+    ],
+)
+def test_an_imported_configuration_is_a_valid_driver_configuration(result: Any) -> None:
+    imported = result()
+    config = parse_config(yaml.safe_dump(imported.config, sort_keys=False), "imported.yaml")
+    assert [s.kind for s in config.sources] == ["host"] * len(imported.config["sources"])

@@ -7,14 +7,8 @@ from pathlib import Path
 import pytest
 
 from dradriver.devices.attributes import IntAttribute, StringAttribute, VersionAttribute
-from dradriver.devices.config import (
-    MAX_CONFIG_BYTES,
-    MAX_REPORTED_ERRORS,
-    DriverConfig,
-    DriverConfigError,
-    load_config,
-    parse_config,
-)
+from dradriver.devices.config import DriverConfig, load_config, parse_config
+from dradriver.devices.configyaml import MAX_CONFIG_BYTES, MAX_REPORTED_ERRORS, DriverConfigError
 from dradriver.errors import format_location
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "manifests" / "examples" / "driver-config.yaml"
@@ -293,7 +287,7 @@ def test_missing_file(tmp_path: Path) -> None:
         ("sources: [{}]", "sources[0]: a source must have exactly one of the keys static"),
         (
             "sources: [{static: {}, pci: {}}]",
-            "sources[0]: a source must have exactly one of the keys static, devglob, pci; "
+            "sources[0]: a source must have exactly one of the keys static, devglob, pci, host; "
             "got static, pci",
         ),
         ("sources: [{static: {devices: [{}]}}]", "devices[0]: set name, or count"),

@@ -13,15 +13,11 @@ from pathlib import Path
 import pytest
 
 from dradriver.devices.attributes import IntAttribute, StringAttribute
-from dradriver.devices.config import (
-    DevGlobSourceConfig,
-    PciSourceConfig,
-    StaticSourceConfig,
-    parse_config,
-)
+from dradriver.devices.config import parse_config
 from dradriver.devices.devglob import DevGlobSource, device_name_for_path
 from dradriver.devices.model import Device
 from dradriver.devices.pci import PciSource, device_name_for_address
+from dradriver.devices.sourceconfig import DevGlobSourceConfig, PciSourceConfig, StaticSourceConfig
 from dradriver.devices.sources import (
     DeviceSource,
     DuplicateDeviceError,

@@ -9,7 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dradriver.devices.config import DriverConfigError, parse_config
+from dradriver.devices.config import parse_config
+from dradriver.devices.configyaml import DriverConfigError
 from dradriver.devices.model import Device
 from dradriver.devices.topology import (
     Topology,

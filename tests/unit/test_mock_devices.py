@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dradriver.devices.config import StaticSourceConfig
+from dradriver.devices.sourceconfig import StaticSourceConfig
 from dradriver.devices.static import (
     MOCK_DEVICE_MODE,
     MockDeviceError,

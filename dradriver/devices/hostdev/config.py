@@ -5,8 +5,9 @@ Invariants, checked here so that discovery never meets them broken:
 * ``name`` is a DNS label short enough for every device name derived from it.
 * Every node path is an absolute path under ``/dev`` (resolved under ``devRoot`` on disk),
   exact or a glob; at least one node is not ``optional``.
-* A glob node's ``mountPath`` is a directory (ends in ``/``): several matches never land on
-  one container path.
+* A glob node's ``mountPath`` is a directory (ends in ``/``: each match appears there under
+  its own name) or one path, where each device's match appears (generic-device-plugin's
+  ``/dev/ttyACM*`` -> ``/dev/modem``): then a container takes one device of the profile.
 * ``permissions`` is a non-empty subset of ``rwm``; ``share`` is 1..65536.
 * Container edits come from ``nodes``, ``env`` and read-only ``mounts`` only, and sharing
   from ``share`` only (``edits`` and ``allowMultipleAllocations`` are refused).
@@ -29,7 +30,7 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
-from dradriver.devices.config import AbsolutePath, ExtendedResourceName
+from dradriver.devices.configfields import AbsolutePath, ExtendedResourceName
 from dradriver.devices.model import MAX_ATTRIBUTES_AND_CAPACITIES_PER_DEVICE, DeviceProperties
 from dradriver.k8s import names
 
@@ -114,15 +115,6 @@ class HostNodeConfig(BaseModel):
     mount_path: AbsolutePath | None = Field(default=None, alias="mountPath")
     permissions: Annotated[str, AfterValidator(_permissions)] = "rw"
     optional: bool = False
-
-    @model_validator(mode="after")
-    def _mount_path_fits(self) -> HostNodeConfig:
-        if self.mount_path is not None and is_glob(self.path) and not self.mount_path.endswith("/"):
-            raise ValueError(
-                f"mountPath {self.mount_path!r} is one path but {self.path!r} is a glob; end "
-                "it in '/' (matches appear under that directory) or leave mountPath out"
-            )
-        return self
 
     @property
     def is_glob(self) -> bool:

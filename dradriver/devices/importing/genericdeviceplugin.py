@@ -26,7 +26,8 @@ The input is the plugin's config file (``devices:`` plus the flags it may also s
   is used for (``/dev/vfio/vfio`` with a large limit), but without the cap: in a group that
   also has a glob, every exact path is a loss naming the cap. ``limit`` on a glob path in a
   group with other paths cannot be expressed (a loss). In a one-path group it changes nothing.
-* ``usb[]``: ``usb`` with hex IDs as ``0x`` and four digits. generic-device-plugin puts all
+* ``usb[]``: ``usb`` with hex IDs as ``0x`` and four digits, over the raw USB nodes
+  (``/dev/bus/usb/*/*``, which is what generic-device-plugin hands out). It puts all
   USB devices a group matches into one device; the host source makes one device per USB
   device, so a group whose matchers may match more than one device is a loss.
 * ``domain`` (file) and the ``domain`` argument (which wins): the resource domain; the
@@ -43,7 +44,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, AliasChoices, BeforeValidator, Field, ValidationError
 
-from dradriver.devices.config import validate_extended_resource_name
+from dradriver.devices.configfields import validate_extended_resource_name
 from dradriver.devices.importing.result import (
     ImportResult,
     InputModel,
@@ -229,7 +230,13 @@ def _profile(group: GdpGroup, where: str, result: ImportResult, file: str) -> di
         )
     share = share_of(group.count, at(where, "count"), result.losses)
     if group.usb:
-        return {"usb": _usb(group, where, result), "share": share}
+        # generic-device-plugin hands out the matched device's /dev/bus/usb/BBB/DDD node; the
+        # host source finds it the same way: every USB node, kept when its device matches.
+        return {
+            "nodes": [{"path": USB_NODES, "permissions": "rwm"}],
+            "usb": _usb(group, where, result),
+            "share": share,
+        }
     nodes, mounts = _paths(group, where, result)
     if not nodes:
         what = "only Mount paths" if group.paths else "no paths and no usb"
@@ -238,6 +245,10 @@ def _profile(group: GdpGroup, where: str, result: ImportResult, file: str) -> di
         )
         return None
     return {"nodes": nodes, "share": share, "mounts": mounts}
+
+
+USB_NODES = "/dev/bus/usb/*/*"
+"""The raw USB device nodes (usbfs), one per USB device, filtered by the profile's ``usb``."""
 
 
 def _usb(group: GdpGroup, where: str, result: ImportResult) -> list[dict[str, str]]:

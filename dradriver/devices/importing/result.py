@@ -20,7 +20,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from dradriver.devices.config import DriverConfigError, _load_yaml
+from dradriver.devices.configyaml import DriverConfigError, load_yaml
 from dradriver.errors import FieldError, FieldErrors, from_validation_error, join_path
 
 MAX_PROFILE_NAME = 40
@@ -53,7 +53,7 @@ def load_input(text: str, file: str) -> Any:
     """The YAML document in ``text``, bounded in size, depth and alias expansion like the
     driver configuration; any problem is a :class:`FieldErrors` naming ``file``."""
     try:
-        return _load_yaml(text, file)
+        return load_yaml(text, file)
     except DriverConfigError as err:
         raise FieldErrors(*err.field_errors, subject=file) from err
 
