@@ -31,6 +31,9 @@ from dradriver.resourceslice.capabilities import say_what_this_cluster_lacks
 from dradriver.resourceslice.pool import SliceError
 from dradriver.resourceslice.publisher import SlicePublisher, slice_informer
 from kubeletplugin.claimstatus import ClaimStatusWriter
+from kubeletplugin.doctor.cli import log_failures
+from kubeletplugin.doctor.cli import main as doctor_main
+from kubeletplugin.hostdevices import HostDevices, sharing_form
 from kubeletplugin.inventory import NodeInventory
 from kubeletplugin.legacy.errors import DevicePluginSetupError
 from kubeletplugin.metrics import PluginMetrics
@@ -180,7 +183,9 @@ class Plugin:
         )
         self.ledger = Ledger.load(Path(state_dir) / "ledger.json")
         sources = build_sources(config)
+        self.host_devices = HostDevices(sources, self._devices_changed)
         self.inventory = NodeInventory(self.node, lambda: discover_all(sources))
+        self._health_task: asyncio.Task[None] | None = None
         self.shim: DevicePluginShim | None = None
         self.hold_reconciler: HoldReconciler | None = None
         if config.device_plugin.enabled:
@@ -276,6 +281,17 @@ class Plugin:
             return
         self.helper.publish_resources(pool)
 
+    def _devices_changed(self) -> None:
+        """A hot-plug event: rediscover, republish, and report health now."""
+        if not self.inventory.refresh():
+            return
+        self._publish_inventory()
+        self.metrics.unhealthy_devices.set(self.inventory.unhealthy())
+        if self._health_task is None or self._health_task.done():
+            self._health_task = asyncio.get_running_loop().create_task(
+                self.helper.publish_health(self.inventory.health())
+            )
+
     def _count_kubelet_call(self, service: str, method: str) -> None:
         self.metrics.kubelet_calls.labels(service, method).inc()
 
@@ -315,15 +331,24 @@ class Plugin:
         if self.driver.metadata is not None:
             prepared = {c.uid for c in self.ledger.claims() if c.state == "prepared"}
             counts["metadata_specs"] = self.driver.metadata.restore(prepared)
+        missing = await say_what_this_cluster_lacks(
+            self.client, self.driver_name, self.node, self.node, capabilities.NODE_FEATURES
+        )
+        if self.host_devices.sources:
+            await asyncio.to_thread(log_failures, self.config)
+        sharing: dict[str, str] = {}
+        if self.host_devices.shared:
+            self.host_devices.use(sharing_form(missing))
+            self.inventory.refresh()
+            self._publish_inventory()
+            sharing["shared_host_devices_as"] = self.host_devices.form
         log.info(
             "starting",
             driver=self.driver_name,
             node=self.node,
             devices=len(self.inventory.devices),
             **counts,
-        )
-        await say_what_this_cluster_lacks(
-            self.client, self.driver_name, self.node, self.node, capabilities.NODE_FEATURES
+            **sharing,
         )
         http = HTTPEndpoint(
             build_app(self.ready, self.metrics.registry, "dradriver-kubeletplugin"),
@@ -339,6 +364,7 @@ class Plugin:
         await self.helper.start()
         if self.shim is not None:
             await self.shim.start()
+        self.host_devices.start()
         tasks = [asyncio.create_task(self._health_loop())]
         if self.hold_reconciler is not None:
             tasks.append(asyncio.create_task(self.hold_reconciler.run()))
@@ -352,6 +378,7 @@ class Plugin:
             for task in tasks:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
+            self.host_devices.stop()
             if self.shim is not None:
                 await self.shim.stop()
             await self.helper.stop()
@@ -373,6 +400,9 @@ async def _main(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["doctor"]:
+        return doctor_main(argv[1:])
     args = build_parser().parse_args(argv)
     configure(args.log_level)
     try:

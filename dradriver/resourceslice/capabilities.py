@@ -144,13 +144,14 @@ async def say_what_this_cluster_lacks(
     pool: str,
     node: str | None,
     features: tuple[SliceFeature, ...],
-) -> list[Missing]:
-    """Probe once and log one warning line naming what is missing (nothing if all is there)."""
+) -> list[Missing] | None:
+    """Probe once and log one warning line naming what is missing (nothing if all is there);
+    None when the probe got no answer (the caller then assumes the least)."""
     try:
         missing = await probe(client, driver, pool, node, features)
     except Exception as e:  # refused, unreachable, odd answer: not knowing is no reason to stop
         log.warning("could not find out which slice features this cluster keeps", error=str(e))
-        return []
+        return None
     line = summary(missing)
     if line:
         log.warning(line)

@@ -12,7 +12,7 @@ Invariants:
 
 :meth:`HostDeviceSource.discover` is the :class:`~dradriver.devices.sources.DeviceSource`
 call (it rescans); :meth:`HostDeviceSource.watch_dirs` tells a hot-plug watcher where to look.
-Its records go to the ``devices.health`` logger: logger names are a pinned user contract.
+Its records go to the ``devices.hostdev`` logger.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from dradriver.devices.model import Device, DeviceProperties
 from dradriver.host.containeredits import ContainerEdits, DeviceNode, Mount
 from dradriver.log import get_logger
 
-log = get_logger("devices.health")
+log = get_logger("devices.hostdev")
 
 READ_ONLY_MOUNT_OPTIONS = ("ro", "nosuid", "nodev", "bind")
 
@@ -97,6 +97,11 @@ class HostDeviceSource:
 
     def watch_dirs(self) -> set[str]:
         return watch_dirs(self._config)
+
+    @property
+    def shared(self) -> bool:
+        """Whether the profile is shared by count (``share``)."""
+        return self._config.share is not None
 
     def discover(self) -> list[Device]:
         """Rescan the profile: every device it has had, with health now, slots expanded."""

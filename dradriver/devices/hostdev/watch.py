@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 from dradriver.log import get_logger
 
-log = get_logger("devices.health")
+log = get_logger("devices.hostdev")
 
 IN_ATTRIB = 0x00000004
 IN_MOVED_FROM = 0x00000040
