@@ -23,17 +23,12 @@ from decimal import Decimal
 from typing import Any
 
 from dradriver.allocator.capacity import consumed_capacity, fit
-from dradriver.allocator.core import (
-    AllocationError,
-    Allocator,
-    Outcome,
-    Req,
-    build_request,
-    parse_constraints,
-    untolerated,
-)
+from dradriver.allocator.constraints import parse_constraints
+from dradriver.allocator.core import Allocator
 from dradriver.allocator.inventory import CandidateDevice, SliceInventory
 from dradriver.allocator.nodes import NodeInfo, node_info
+from dradriver.allocator.outcome import Outcome
+from dradriver.allocator.request import AllocationError, Req, build_request, untolerated
 from dradriver.allocator.state import AllocatedState, claim_key
 from dradriver.cel.quantity import display_quantity
 
