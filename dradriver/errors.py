@@ -68,7 +68,7 @@ Node state, devices and the kubelet::
     ├── devices.sources: DeviceSourceError           device discovery
     │   └── DuplicateDeviceError
     ├── deviceplugin.server: DevicePluginError       the device-plugin framework
-    └── allocator.core: AllocationError              claims the allocator cannot take
+    └── allocator.request: AllocationError           claims the allocator cannot take
 
     OSError
     └── k8s.http: TransportError                     a request to the apiserver got no answer

@@ -25,7 +25,7 @@ from controller.claims.worker import (
 )
 from controller.resourceclaims import with_timestamp
 from dradriver.allocator import node_info
-from dradriver.allocator.core import OUT_OF_TIME
+from dradriver.allocator.outcome import OUT_OF_TIME
 from dradriver.k8s.objects import Obj, now_rfc3339
 from dradriver.runtime import RequeueAfter
 

@@ -63,7 +63,7 @@ from dradriver.allocator import (
     explain,
     summarize,
 )
-from dradriver.allocator.core import OUT_OF_TIME
+from dradriver.allocator.outcome import OUT_OF_TIME
 from dradriver.k8s.objects import Obj
 from dradriver.log import get_logger
 from dradriver.runtime.childworker import (

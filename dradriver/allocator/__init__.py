@@ -21,16 +21,14 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from dradriver.allocator.core import (
-    MAX_RESULTS_PER_CLAIM,
-    AllocationError,
-    Allocator,
-    Outcome,
-    tolerates,
-)
-from dradriver.allocator.explain import ExplainRow, explain, format_table, summarize
+from dradriver.allocator.core import Allocator
+from dradriver.allocator.explain import ExplainRow, explain
 from dradriver.allocator.inventory import AllocatorPool, CandidateDevice, SliceInventory
 from dradriver.allocator.nodes import NodeInfo, node_info, selector_matches
+from dradriver.allocator.outcome import Outcome
+from dradriver.allocator.report import format_table, summarize
+from dradriver.allocator.request import AllocationError, tolerates
+from dradriver.allocator.search import MAX_RESULTS_PER_CLAIM
 from dradriver.allocator.state import AllocatedState, DeviceID, Held, claim_key
 
 __all__ = [

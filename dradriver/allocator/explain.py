@@ -9,8 +9,8 @@ capacity. Devices that pass are ``available``. Request-level rows say how many d
 request needs against how many are available; claim-level rows name the constraint that
 cannot be met or the error that stopped the attempt.
 
-The rows suit a table (:func:`format_table`) and a one-paragraph message for an event or a
-condition (:func:`summarize`).
+The rows suit a table and a one-paragraph message for an event or a condition
+(:mod:`dradriver.allocator.report`).
 """
 
 from __future__ import annotations
@@ -23,21 +23,16 @@ from decimal import Decimal
 from typing import Any
 
 from dradriver.allocator.capacity import consumed_capacity, fit
-from dradriver.allocator.core import (
-    AllocationError,
-    Allocator,
-    Outcome,
-    Req,
-    build_request,
-    parse_constraints,
-    untolerated,
-)
+from dradriver.allocator.constraints import parse_constraints
+from dradriver.allocator.core import Allocator
 from dradriver.allocator.inventory import CandidateDevice, SliceInventory
 from dradriver.allocator.nodes import NodeInfo, node_info
+from dradriver.allocator.outcome import Outcome
+from dradriver.allocator.request import AllocationError, Req, build_request, untolerated
 from dradriver.allocator.state import AllocatedState, claim_key
 from dradriver.cel.quantity import display_quantity
 
-__all__ = ["ExplainRow", "explain", "format_table", "summarize"]
+__all__ = ["ALLOCATED", "AVAILABLE", "ERROR", "EXCLUDED", "UNSATISFIED", "ExplainRow", "explain"]
 
 ALLOCATED, AVAILABLE, EXCLUDED, UNSATISFIED, ERROR = (
     "allocated",
@@ -104,47 +99,16 @@ def explain(
     requests = ((claim.get("spec") or {}).get("devices") or {}).get("requests") or []
     satisfiable_alone = True
     for request in requests:
-        name = str(request.get("name", ""))
-        alternatives: list[tuple[str | None, Any]]
-        if request.get("exactly") is not None:
-            alternatives = [(None, request["exactly"])]
-        else:
-            alternatives = [
-                (str(s.get("name", "")), s) for s in request.get("firstAvailable") or []
-            ]
-        any_ok = False
-        for sub, spec in alternatives:
-            try:
-                req = build_request(inv, 0, claim, name, sub, spec)
-            except AllocationError as e:
-                rows.append(
-                    ExplainRow(key, _full(name, sub), "", "", "", ERROR, e.message, "error")
-                )
-                continue
-            request_rows, ok = _request_rows(key, req, context)
-            rows.extend(request_rows)
-            any_ok = any_ok or ok
-        if len(alternatives) > 1 and not any_ok:
-            rows.append(
-                ExplainRow(
-                    key,
-                    name,
-                    "",
-                    "",
-                    "",
-                    UNSATISFIED,
-                    f"none of the {len(alternatives)} firstAvailable subrequests can be satisfied",
-                    "count",
-                )
-            )
-        satisfiable_alone = satisfiable_alone and any_ok
+        request_rows, ok = _request_rows(key, claim, request, context)
+        rows.extend(request_rows)
+        satisfiable_alone = satisfiable_alone and ok
     try:
         constraints = parse_constraints(claim)
     except AllocationError as e:
-        rows.append(ExplainRow(key, "", "", "", "", ERROR, e.message, "error"))
+        rows.append(_summary_row(key, "", ERROR, e.message, "error"))
         constraints = []
     if outcome.error is not None and not any(r.verdict == ERROR for r in rows):
-        rows.append(ExplainRow(key, "", "", "", "", ERROR, outcome.error, "error"))
+        rows.append(_summary_row(key, "", ERROR, outcome.error, "error"))
     elif satisfiable_alone and requests:
         rows.extend(
             _claim_rows(key, claim, constraints, allocator, state, node, nodes, context, deadline)
@@ -154,6 +118,43 @@ def explain(
 
 def _full(name: str, sub: str | None) -> str:
     return f"{name}/{sub}" if sub is not None else name
+
+
+def _alternatives(request: Mapping[str, Any]) -> list[tuple[str | None, Any]]:
+    """(subrequest name or None, spec) of an ``exactly`` or ``firstAvailable`` request."""
+    if request.get("exactly") is not None:
+        return [(None, request["exactly"])]
+    return [(str(s.get("name", "")), s) for s in request.get("firstAvailable") or []]
+
+
+def _summary_row(key: str, request: str, verdict: str, reason: str, category: str) -> ExplainRow:
+    """A row about a whole request (``request`` set) or the whole claim (``request`` empty)."""
+    return ExplainRow(key, request, "", "", "", verdict, reason, category)
+
+
+def _request_rows(
+    key: str, claim: Mapping[str, Any], request: Mapping[str, Any], context: _Context
+) -> tuple[list[ExplainRow], bool]:
+    """The rows of one request (each subrequest's), and whether it can be met on its own."""
+    name = str(request.get("name", ""))
+    alternatives = _alternatives(request)
+    rows: list[ExplainRow] = []
+    any_ok = False
+    for sub, spec in alternatives:
+        try:
+            req = build_request(context.inventory, 0, claim, name, sub, spec)
+        except AllocationError as e:
+            rows.append(_summary_row(key, _full(name, sub), ERROR, e.message, "error"))
+            continue
+        device_rows, available, unavailable = _device_rows(key, req, context)
+        count_rows = _count_rows(key, req, available, unavailable, context)
+        rows.extend(device_rows)
+        rows.extend(count_rows)
+        any_ok = any_ok or not count_rows
+    if len(alternatives) > 1 and not any_ok:
+        reason = f"none of the {len(alternatives)} firstAvailable subrequests can be satisfied"
+        rows.append(_summary_row(key, name, UNSATISFIED, reason, "count"))
+    return rows, any_ok
 
 
 def _allocated_rows(key: str, outcome: Outcome) -> list[ExplainRow]:
@@ -298,7 +299,10 @@ def device_problem(req: Req, device: CandidateDevice, context: _Context) -> tupl
     return None
 
 
-def _request_rows(key: str, req: Req, context: _Context) -> tuple[list[ExplainRow], bool]:
+def _device_rows(
+    key: str, req: Req, context: _Context
+) -> tuple[list[ExplainRow], list[CandidateDevice], int]:
+    """A row per device for ``req``; the available devices; how many match but are taken."""
     rows: list[ExplainRow] = []
     available: list[CandidateDevice] = []
     matching_unavailable = 0
@@ -306,22 +310,12 @@ def _request_rows(key: str, req: Req, context: _Context) -> tuple[list[ExplainRo
         found = device_problem(req, device, context)
         if found is None:
             available.append(device)
-            rows.append(
-                ExplainRow(
-                    key,
-                    req.full_name,
-                    device.driver,
-                    device.pool.name,
-                    device.name,
-                    AVAILABLE,
-                    "usable for this request",
-                    "ok",
-                )
-            )
-            continue
-        category, reason = found
-        if category in ("allocated", "taint", "counters", "capacity"):
-            matching_unavailable += 1
+            verdict, reason, category = AVAILABLE, "usable for this request", "ok"
+        else:
+            category, reason = found
+            verdict = EXCLUDED
+            if category in ("allocated", "taint", "counters", "capacity"):
+                matching_unavailable += 1
         rows.append(
             ExplainRow(
                 key,
@@ -329,86 +323,52 @@ def _request_rows(key: str, req: Req, context: _Context) -> tuple[list[ExplainRo
                 device.driver,
                 device.pool.name,
                 device.name,
-                EXCLUDED,
+                verdict,
                 reason,
                 category,
             )
         )
-    ok = True
+    return rows, available, matching_unavailable
+
+
+def _count_rows(
+    key: str,
+    req: Req,
+    available: Sequence[CandidateDevice],
+    matching_unavailable: int,
+    context: _Context,
+) -> list[ExplainRow]:
+    """Why ``req`` cannot get its number of devices (empty: it can, on its own)."""
     if req.all_mode:
         if matching_unavailable:
-            ok = False
-            rows.append(
-                ExplainRow(
-                    key,
-                    req.full_name,
-                    "",
-                    "",
-                    "",
-                    UNSATISFIED,
-                    f"asks for all matching devices; {matching_unavailable} of them are "
-                    "unavailable",
-                    "count",
-                )
+            reason = (
+                f"asks for all matching devices; {matching_unavailable} of them are unavailable"
             )
         elif not available:
-            ok = False
-            rows.append(
-                ExplainRow(
-                    key,
-                    req.full_name,
-                    "",
-                    "",
-                    "",
-                    UNSATISFIED,
-                    "asks for all matching devices, but no device matches",
-                    "count",
-                )
-            )
-    else:
-        need = req.num
-        if len(available) < need:
-            ok = False
-            rows.append(
-                ExplainRow(
-                    key,
-                    req.full_name,
-                    "",
-                    "",
-                    "",
-                    UNSATISFIED,
-                    f"needs {need} device(s), {len(available)} available",
-                    "count",
-                )
-            )
-        elif context.node is None:
-            per_node: Counter[str] = Counter()
-            anywhere = 0
-            for device in available:
-                names = context.nodes_for(device)
-                if "*" in names:
-                    anywhere += 1
-                for name in names:
-                    if name != "*":
-                        per_node[name] += 1
-            best = max(per_node.values(), default=0) + anywhere
-            if best < need:
-                ok = False
-                spread = ", ".join(f"{n}: {c}" for n, c in sorted(per_node.items()))
-                rows.append(
-                    ExplainRow(
-                        key,
-                        req.full_name,
-                        "",
-                        "",
-                        "",
-                        UNSATISFIED,
-                        f"needs {need} device(s) usable from one node; available per "
-                        f"node: {spread or 'none'}",
-                        "count",
-                    )
-                )
-    return rows, ok
+            reason = "asks for all matching devices, but no device matches"
+        else:
+            return []
+        return [_summary_row(key, req.full_name, UNSATISFIED, reason, "count")]
+    need = req.num
+    if len(available) < need:
+        reason = f"needs {need} device(s), {len(available)} available"
+        return [_summary_row(key, req.full_name, UNSATISFIED, reason, "count")]
+    if context.node is not None:
+        return []
+    per_node: Counter[str] = Counter()
+    anywhere = 0
+    for device in available:
+        names = context.nodes_for(device)
+        if "*" in names:
+            anywhere += 1
+        for name in names:
+            if name != "*":
+                per_node[name] += 1
+    if max(per_node.values(), default=0) + anywhere >= need:
+        return []
+    spread = ", ".join(f"{n}: {c}" for n, c in sorted(per_node.items()))
+    reason = f"needs {need} device(s) usable from one node; available per node: {spread or 'none'}"
+    return [_summary_row(key, req.full_name, UNSATISFIED, reason, "count")]
 
 
 def _claim_rows(
@@ -430,7 +390,7 @@ def _claim_rows(
 
     def stopped(outcome: Outcome) -> list[ExplainRow]:
         # Out of budget: no verdict about the constraints can be given.
-        return [ExplainRow(key, "", "", "", "", ERROR, str(outcome.error), "error")]
+        return [_summary_row(key, "", ERROR, str(outcome.error), "error")]
 
     first = attempt(0) if constraints else None
     if first is not None and first.exhausted is not None:
@@ -442,33 +402,17 @@ def _claim_rows(
                 return stopped(trial)
             if not trial.ok:
                 constraint = constraints[keep - 1]
-                return [
-                    ExplainRow(
-                        key,
-                        "",
-                        "",
-                        "",
-                        "",
-                        UNSATISFIED,
-                        f"{constraint.describe()} cannot be satisfied together with the "
-                        f"earlier constraints; {_values(claim, constraint, context)}",
-                        "constraint",
-                    )
-                ]
-    return [
-        ExplainRow(
-            key,
-            "",
-            "",
-            "",
-            "",
-            UNSATISFIED,
-            "each request can be satisfied on its own, but not all of them together "
-            "(they compete for the same devices, counters or capacity, or need more than one "
-            "node)",
-            "count",
-        )
-    ]
+                reason = (
+                    f"{constraint.describe()} cannot be satisfied together with the "
+                    f"earlier constraints; {_values(claim, constraint, context)}"
+                )
+                return [_summary_row(key, "", UNSATISFIED, reason, "constraint")]
+    reason = (
+        "each request can be satisfied on its own, but not all of them together "
+        "(they compete for the same devices, counters or capacity, or need more than one "
+        "node)"
+    )
+    return [_summary_row(key, "", UNSATISFIED, reason, "count")]
 
 
 def _values(claim: Mapping[str, Any], constraint: Any, context: _Context) -> str:
@@ -477,12 +421,7 @@ def _values(claim: Mapping[str, Any], constraint: Any, context: _Context) -> str
     requests = ((claim.get("spec") or {}).get("devices") or {}).get("requests") or []
     for request in requests:
         name = str(request.get("name", ""))
-        alternatives: list[tuple[str | None, Any]] = (
-            [(None, request["exactly"])]
-            if request.get("exactly") is not None
-            else [(str(s.get("name", "")), s) for s in request.get("firstAvailable") or []]
-        )
-        for sub, spec in alternatives:
+        for sub, spec in _alternatives(request):
             try:
                 req = build_request(context.inventory, 0, claim, name, sub, spec)
             except AllocationError:
@@ -501,74 +440,3 @@ def _values(claim: Mapping[str, Any], constraint: Any, context: _Context) -> str
             )
             parts.append(f"{req.full_name} → {listing or 'no available device'}")
     return "values of available devices: " + (" | ".join(parts) or "none")
-
-
-def format_table(rows: Sequence[ExplainRow], *, include_available: bool = True) -> str:
-    """A plain-text table: REQUEST DRIVER POOL DEVICE VERDICT REASON."""
-    header = ("REQUEST", "DRIVER", "POOL", "DEVICE", "VERDICT", "REASON")
-    lines = [
-        (r.request or "-", r.driver or "-", r.pool or "-", r.device or "-", r.verdict, r.reason)
-        for r in rows
-        if include_available or r.verdict != AVAILABLE
-    ]
-    widths = [
-        max([len(header[i]), *(len(line[i]) for line in lines)]) for i in range(len(header) - 1)
-    ]
-    out = []
-    for line in [header, *lines]:
-        cells = [cell.ljust(widths[i]) for i, cell in enumerate(line[:-1])]
-        out.append("  ".join([*cells, line[-1]]).rstrip())
-    return "\n".join(out)
-
-
-def summarize(rows: Sequence[ExplainRow], max_length: int = 1024) -> str:
-    """One message for an event or condition: per request, what excluded how many devices."""
-    if not rows:
-        return ""
-    if all(r.verdict == ALLOCATED for r in rows):
-        return "allocatable: " + ", ".join(f"{r.request}={r.pool}/{r.device}" for r in rows)
-    parts: list[str] = []
-    for row in rows:
-        if row.verdict in (ERROR, UNSATISFIED) and not row.request:
-            parts.append(row.reason)
-    by_request: dict[str, list[ExplainRow]] = defaultdict(list)
-    for row in rows:
-        if row.request:
-            by_request[row.request].append(row)
-    for request, request_rows in by_request.items():
-        problems = [r for r in request_rows if r.verdict in (ERROR, UNSATISFIED)]
-        if not problems:
-            continue
-        devices = [r for r in request_rows if r.device]
-        available = sum(1 for r in devices if r.verdict == AVAILABLE)
-        reasons: Counter[str] = Counter()
-        holders: list[str] = []
-        for r in devices:
-            if r.verdict != EXCLUDED:
-                continue
-            if r.category == "allocated":
-                reasons["allocated to other claims"] += 1
-                for holder in r.reason.removeprefix("allocated to claim ").split(", "):
-                    if holder not in holders:
-                        holders.append(holder)
-            else:
-                reasons[r.reason] += 1
-        detail = "; ".join(
-            f"{count} x {reason}"
-            + (
-                f" ({', '.join(holders[:5])}{' …' if len(holders) > 5 else ''})"
-                if reason == "allocated to other claims"
-                else ""
-            )
-            for reason, count in reasons.most_common(4)
-        )
-        head = "; ".join(p.reason for p in problems)
-        text = f"request {request}: {head}"
-        if devices:
-            text += f" ({available} of {len(devices)} devices available"
-            text += f"; excluded: {detail})" if detail else ")"
-        parts.append(text)
-    message = ". ".join(parts) or "cannot be allocated"
-    if len(message) > max_length:
-        message = message[: max_length - 1] + "…"
-    return message

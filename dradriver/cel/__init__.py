@@ -14,25 +14,24 @@ admission. See :mod:`dradriver.cel.env` for the library choice, the Kubernetes s
 reproduced, the iteration budget and how the cel-expr-python callback leak is bounded.
 """
 
+from dradriver.cel.device import DeviceInput, device_input
 from dradriver.cel.env import (
     EXPRESSION_MAX_LENGTH,
-    ITERATION_BUDGET,
     MATCH,
     MAX_COST,
     NO_MATCH,
     CelStats,
     CompileError,
-    DeviceInput,
     EvalResult,
     Selector,
     clear_caches,
     compile_selector,
     configure,
-    device_input,
     set_callback_budget,
     stats,
     validate_selector,
 )
+from dradriver.cel.messages import ITERATION_BUDGET
 from dradriver.cel.semver import Semver, SemverError, compare_semver, parse_semver
 
 __all__ = [

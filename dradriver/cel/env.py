@@ -58,42 +58,38 @@ Evaluations pass the device as ``eval(data=...)``: measured as fast as a reused
 ``Activation`` for these small inputs (~100 000 evaluations/s without callbacks), and it
 keeps nothing per device, whereas a cached Activation holds an arena (~5 KB per device,
 growing with every evaluation's temporaries).
+
+The ``device`` variable is built by :mod:`dradriver.cel.device`; compile and runtime errors
+are worded by :mod:`dradriver.cel.messages`.
 """
 
 from __future__ import annotations
 
 import atexit
-import hashlib
-import json
 import os
-import re
 import threading
 from collections import OrderedDict
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import cel_expr_python.cel as cel
 
 from dradriver.cel import _types, ast, cost, library, rewrite, worker
-from dradriver.cel.quantity import QuantityError, parse_nanos
-from dradriver.cel.semver import SemverError, parse_semver
+from dradriver.cel.device import DeviceInput
+from dradriver.cel.messages import compile_message, failure_message, runtime_message
 
 __all__ = [
     "EXPRESSION_MAX_LENGTH",
-    "ITERATION_BUDGET",
     "LEAK_BYTES_PER_CALLBACK",
     "MATCH",
     "MAX_COST",
     "NO_MATCH",
     "CelStats",
     "CompileError",
-    "DeviceInput",
     "EvalResult",
     "Selector",
     "compile_selector",
     "configure",
-    "device_input",
     "set_callback_budget",
     "stats",
     "validate_selector",
@@ -102,7 +98,6 @@ __all__ = [
 EXPRESSION_MAX_LENGTH = 10 * 1024
 """resource.k8s.io ``CELSelectorExpressionMaxLength`` (bytes)."""
 MAX_COST = cost.MAX_COST
-ITERATION_BUDGET = 10_000
 LEAK_BYTES_PER_CALLBACK = 1_200
 COMPILE_CACHE_SIZE = 4096
 RESULT_CACHE_SIZE = 1 << 20
@@ -118,11 +113,6 @@ extensions:
   - name: lists
   - name: two-var-comprehensions
 """
-
-_NO_SUCH_KEY_HINT = (
-    ". consider using CEL optional chaining (.? followed by orValue()) or guarding the "
-    "check with has() for optional fields"
-)
 
 
 class CompileError(ValueError):
@@ -197,106 +187,6 @@ def _environment() -> cel.Env:
             extensions=[library.extension()],
         )
     return _ENV
-
-
-# --- device input -----------------------------------------------------------------------
-
-
-class DeviceInput:
-    """One device as the ``device`` variable, built once and used for every selector.
-
-    ``device`` is a resource.k8s.io/v1 ``Device`` JSON dict of a slice of ``driver``.
-    Unqualified attribute and capacity names go under the driver's domain. A version
-    attribute that is not strict semver makes every evaluation fail (``error``), as in Go.
-    List attributes (``ints``/``bools``/``strings``/``versions``, DRAListTypeAttributes)
-    become CEL lists.
-    """
-
-    __slots__ = ("_fingerprint", "data", "device", "driver", "error")
-
-    def __init__(self, driver: str, device: Mapping[str, Any]) -> None:
-        self.driver = driver
-        self.device = device
-        self.error: str | None = None
-        self._fingerprint: str | None = None
-        attributes: dict[str, dict[str, Any]] = {}
-        capacity: dict[str, dict[str, Any]] = {}
-        for name, raw in (device.get("attributes") or {}).items():
-            domain, ident = _split(name, driver)
-            try:
-                value = _attribute_value(raw)
-            except ValueError as e:
-                self.error = f"attribute {name}: {e}"
-                continue
-            attributes.setdefault(domain, {})[ident] = value
-        for name, raw in (device.get("capacity") or {}).items():
-            domain, ident = _split(name, driver)
-            try:
-                nanos = parse_nanos(str((raw or {}).get("value", "0")))
-            except QuantityError as e:
-                self.error = f"capacity {name}: {e}"
-                continue
-            capacity.setdefault(domain, {})[ident] = _types.quantity_message(nanos)
-        self.data: dict[str, Any] = {
-            "driver": driver,
-            "attributes": attributes,
-            "capacity": capacity,
-            "allowMultipleAllocations": bool(device.get("allowMultipleAllocations")),
-        }
-
-    @property
-    def variables(self) -> dict[str, Any]:
-        """The CEL variables for an evaluation (``{"device": ...}``)."""
-        return {"device": self.data}
-
-    @property
-    def fingerprint(self) -> str:
-        if self._fingerprint is None:
-            blob = json.dumps(
-                [
-                    self.driver,
-                    self.device.get("attributes"),
-                    self.device.get("capacity"),
-                    bool(self.device.get("allowMultipleAllocations")),
-                ],
-                sort_keys=True,
-                separators=(",", ":"),
-            )
-            self._fingerprint = hashlib.blake2b(blob.encode(), digest_size=16).hexdigest()
-        return self._fingerprint
-
-
-def device_input(driver: str, device: Mapping[str, Any]) -> DeviceInput:
-    return DeviceInput(driver, device)
-
-
-def _split(name: str, driver: str) -> tuple[str, str]:
-    domain, sep, ident = name.partition("/")
-    return (domain, ident) if sep else (driver, name)
-
-
-def _attribute_value(raw: Mapping[str, Any]) -> Any:
-    if "string" in raw:
-        return str(raw["string"])
-    if "bool" in raw:
-        return bool(raw["bool"])
-    if "int" in raw:
-        return int(raw["int"])
-    if "version" in raw:
-        return _version(raw["version"])
-    for key in ("strings", "bools", "ints"):
-        if key in raw:
-            return list(raw[key] or [])
-    if "versions" in raw:
-        return [_version(v) for v in raw["versions"] or []]
-    raise ValueError(f"unsupported attribute value {dict(raw)!r}")
-
-
-def _version(text: object) -> Any:
-    try:
-        return _types.semver_message(parse_semver(str(text)))
-    except SemverError as e:
-        raise ValueError(str(e)) from None
 
 
 # --- selectors --------------------------------------------------------------------------
@@ -401,17 +291,6 @@ class Selector:
         )
 
 
-def failure_message(error: BaseException) -> str:
-    """The reason recorded when evaluating raised ``error`` (the device does not match)."""
-    if isinstance(error, RecursionError):
-        return f"CEL evaluation failed: recursion limit exceeded ({error})"
-    if isinstance(error, MemoryError):
-        return f"CEL evaluation failed: out of memory{': ' + str(error) if str(error) else ''}"
-    if isinstance(error, RuntimeError):
-        return runtime_message(str(error))
-    return f"CEL evaluation failed: {type(error).__name__}: {error}"
-
-
 def compile_selector(expression: str) -> Selector:
     """The compiled selector; raises :class:`CompileError` (cached either way)."""
     with _LOCK:
@@ -513,32 +392,6 @@ def regex_literal_problem(tree: ast.Checked) -> str | None:
 def _type_name(t: cel.Type) -> str:
     name = str(t.name())
     return name.lower() if name.isupper() else name
-
-
-_STATUS_PREFIX = re.compile(r"^[A-Z_]+: ")
-_STATUS_SUFFIX = re.compile(r"\s*\[[A-Z_]+\]\s*$")
-_NOT_FOUND = re.compile(r'Key not found in map\s*:\s*"?(?P<key>[^"]*)"?')
-
-
-def compile_message(text: str) -> str:
-    """A cel-cpp compile error without status-code noise."""
-    text = _STATUS_SUFFIX.sub("", _STATUS_PREFIX.sub("", text.strip()))
-    text = text.replace(" (in container '')", "")
-    return text.removeprefix("ERROR: ")
-
-
-def runtime_message(text: str) -> str:
-    """A cel-cpp runtime error worded like cel-go's, with Kubernetes' hint for missing keys."""
-    text = _STATUS_SUFFIX.sub("", _STATUS_PREFIX.sub("", text.strip()))
-    missing = _NOT_FOUND.search(text)
-    if missing is not None:
-        return f"no such key: {missing['key']}{_NO_SUCH_KEY_HINT}"
-    if "Iteration budget exceeded" in text:
-        return (
-            f"iteration budget exceeded: more than {ITERATION_BUDGET} comprehension "
-            "iterations in one evaluation (this adapter's stand-in for the CEL cost limit)"
-        )
-    return text
 
 
 def set_callback_budget(calls: int) -> None:

@@ -11,6 +11,8 @@ import os
 from typing import Any
 
 from dradriver.cel import env, library
+from dradriver.cel.device import DeviceInput
+from dradriver.cel.messages import failure_message
 from dradriver.runtime.childworker import JSON_LINES, ChildEnd
 
 __all__ = ["main"]
@@ -24,13 +26,13 @@ def main() -> None:
         try:
             request = json.loads(payload)
             selector = env.compile_selector(str(request["expression"]))
-            device = env.DeviceInput(str(request["driver"]), request["device"])
+            device = DeviceInput(str(request["driver"]), request["device"])
             result = selector.evaluate_here(device)
             answer: dict[str, Any] = {"matched": result.matched, "error": result.error}
         except env.CompileError as e:
             answer = {"matched": False, "error": str(e)}
         except Exception as e:
-            answer = {"matched": False, "error": env.failure_message(e)}
+            answer = {"matched": False, "error": failure_message(e)}
         answer["callbacks"] = library.CALLBACKS.calls
         end.send(answer)
 
