@@ -12,20 +12,19 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from dradriver.host.cdi import CDIError
 from dradriver.host.hooks import HookError
-from dradriver.host.state.claimstore import same_devices
+from dradriver.host.state.claimstore import ClaimStore, same_devices
 from dradriver.host.state.schema import ClaimEntry, DeviceBusy, DeviceKey
 from dradriver.k8s.objects import Obj
 from dradriver.log import get_logger
+from dradriver.plugin.claimlock import ClaimLocks
 from dradriver.plugin.interface import ClaimRef, claim_ref_problem
 from kubeletplugin import planning
+from kubeletplugin.inventory import NodeInventory
 from kubeletplugin.planning import ClaimUnreadable, PlannedDevice, PrepareError
-
-if TYPE_CHECKING:
-    from kubeletplugin.nodedriver import NodeDriver
 
 log = get_logger("kubeletplugin.driver")
 
@@ -46,10 +45,26 @@ def _spec_env(device: Mapping[str, Any]) -> dict[str, str]:
     return dict(item.split("=", 1) for item in edits.get("env") or [] if "=" in item)
 
 
+class RecoveredDriver(Protocol):
+    """What recovery needs of the node driver (kubeletplugin.nodedriver.NodeDriver)."""
+
+    store: ClaimStore
+    inventory: NodeInventory
+    claim_locks: ClaimLocks
+
+    async def fetch_claim(self, claim: ClaimRef) -> Obj: ...
+
+    def plan(self, claim: ClaimRef, obj: Obj) -> list[PlannedDevice]: ...
+
+    def explain_busy(self, error: DeviceBusy) -> str: ...
+
+    def handle_error(self, error: BaseException, context: str) -> None: ...
+
+
 class Recovery:
     """The node driver's start-up reconcile and its later confirmations."""
 
-    def __init__(self, driver: NodeDriver) -> None:
+    def __init__(self, driver: RecoveredDriver) -> None:
         self.driver = driver
         self.store = driver.store
         # The ledger was lost or corrupt: the first reconcile keeps specs it cannot attribute.
