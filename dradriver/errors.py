@@ -22,7 +22,8 @@ and :func:`from_validation_error` is the one translation of a pydantic ``Validat
 Exceptions that carry field errors derive from :class:`FieldErrors`.
 
 This module is plumbing at the bottom of the layers (like :mod:`dradriver.log`) because the
-driver configuration (:mod:`dradriver.devices.config`) uses it as well as :mod:`dradriver.api`.
+driver configuration (:mod:`dradriver.devices.config`, :mod:`dradriver.devices.configyaml`)
+uses it as well as :mod:`dradriver.api`.
 
 Exceptions
 ----------
@@ -45,12 +46,12 @@ Other bad values::
     ValueError
     ├── api.pinnedparameters: NotPinned              a reference the controller has not pinned yet
     ├── k8s.quantity: QuantityError                  not a Kubernetes quantity
-    ├── resourceslice.builder: SliceError            devices that cannot be published as one pool
+    ├── resourceslice.pool: SliceError               devices that cannot be published as one pool
     ├── cel.env: CompileError                        a CEL expression that does not compile
     ├── cel.semver: SemverError                      not a semantic version
     ├── cel.ast: DecodeError                         a serialized expression this reader cannot read
-    ├── k8s.kubeconfig: KubeconfigError             a kubeconfig that cannot be used as it is
-    ├── host.ledger: LedgerValueError                (also a LedgerError, below)
+    ├── k8s.kubeconfig: KubeconfigError              a kubeconfig that cannot be used as it is
+    ├── host.state.schema: LedgerValueError          (also a LedgerError, below)
     └── host.cdi: CDIValueError                      (also a CDIError, below)
         ├── host.cdi: InvalidCDINameError
         └── host.cdi: HostDeviceNodeError            a device node the runtime would refuse
@@ -58,7 +59,7 @@ Other bad values::
 Node state, devices and the kubelet::
 
     Exception
-    ├── host.ledger: LedgerError                     the node ledger
+    ├── host.state.schema: LedgerError               the node ledger
     │   ├── LedgerValueError, LedgerVersionError, LedgerCorruptError
     │   └── UnknownClaimError, UnknownPluginHoldError, ClaimStateError, ClaimMismatchError,
     │       DeviceBusy

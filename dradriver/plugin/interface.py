@@ -6,15 +6,18 @@ import re
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from dradriver.k8s.names import (
+    DNS_LABEL_MAX_LENGTH,
+    DNS_LABEL_RE,
+    DNS_SUBDOMAIN_MAX_LENGTH,
+    DNS_SUBDOMAIN_RE,
+)
 from dradriver.k8s.objects import Obj
 
 # Kubernetes UIDs are UUIDs. A claim UID also names files (CDI specs, lock files):
 # letters, digits, '-' and '.', starting and ending with a letter or digit, so it can
 # never be a path, start with '.', or swallow a separator.
 _CLAIM_UID = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9.-]{0,126}[A-Za-z0-9])?")
-# Object names: DNS-1123 subdomain; namespaces: DNS-1123 label.
-_NAME = re.compile(r"[a-z0-9](?:[-a-z0-9]*[a-z0-9])?(?:\.[a-z0-9](?:[-a-z0-9]*[a-z0-9])?)*")
-_NAMESPACE = re.compile(r"[a-z0-9](?:[-a-z0-9]{0,61}[a-z0-9])?")
 
 
 @dataclass(frozen=True)
@@ -40,14 +43,18 @@ def claim_uid_problem(uid: str) -> str | None:
 
 
 def claim_ref_problem(claim: ClaimRef) -> str | None:
-    """Why the kubelet's reference cannot name a claim, or None if it can."""
+    """Why the kubelet's reference cannot name a claim, or None if it can.
+
+    The namespace is a DNS label and the name a DNS subdomain, as the apiserver requires.
+    """
     problem = claim_uid_problem(claim.uid)
     if problem:
         return problem
-    if not _NAMESPACE.fullmatch(claim.namespace):
-        return f"claim namespace {claim.namespace!r} is not a valid namespace name"
-    if len(claim.name) > 253 or not _NAME.fullmatch(claim.name):
-        return f"claim name {claim.name!r} is not a valid object name"
+    namespace, name = claim.namespace, claim.name
+    if len(namespace) > DNS_LABEL_MAX_LENGTH or not DNS_LABEL_RE.fullmatch(namespace):
+        return f"claim namespace {namespace!r} is not a valid namespace name"
+    if len(name) > DNS_SUBDOMAIN_MAX_LENGTH or not DNS_SUBDOMAIN_RE.fullmatch(name):
+        return f"claim name {name!r} is not a valid object name"
     return None
 
 

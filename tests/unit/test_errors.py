@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import inspect
 import pkgutil
 import re
@@ -186,3 +187,18 @@ def test_every_exception_of_the_core_is_listed_in_the_tree() -> None:
     assert {"FieldErrors", "ParametersError", "DriverConfigError", "LedgerError"} <= found
     missing = sorted(name for name in found if not re.search(rf"\b{name}\b", doc))
     assert not missing, f"add these to the exception tree in dradriver/errors.py: {missing}"
+
+
+def test_every_module_the_tree_names_defines_that_exception() -> None:
+    tree = (errors.__doc__ or "").split("(``module: Name``)", 1)[1]
+    named = re.findall(r"\b([a-z_][a-z0-9_.]*):\s+([A-Z][A-Za-z0-9]*)\b", tree)
+    assert ("host.state.schema", "LedgerError") in named
+    wrong = [f"{module}: {name}" for module, name in named if not _defines(module, name)]
+    assert not wrong, f"fix these module paths in the exception tree of errors.py: {wrong}"
+
+
+def _defines(module: str, name: str) -> bool:
+    if importlib.util.find_spec(f"dradriver.{module}") is None:
+        return False
+    value = vars(importlib.import_module(f"dradriver.{module}")).get(name)
+    return inspect.isclass(value) and value.__module__ == f"dradriver.{module}"
