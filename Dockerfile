@@ -2,7 +2,7 @@
 # registry and a container engine:
 #   docker build -t dradriver:0.1.0 .
 # The same image is built without either by `make image` (devtools/image/recipe.py declares
-# it); tests/unit/test_image_recipe.py fails when this file and that recipe disagree.
+# it); tests/devtools/image/test_recipe.py fails when this file and that recipe disagree.
 # Debian 12's Python 3.11, a venv at /opt/dradriver with the wheel and its runtime
 # dependencies only (no pip, no setuptools, no dev tools), user 65532. The controller runs
 # as that user; the node plugin's pod runs it as root (kubelet sockets, CDI specs, device

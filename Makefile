@@ -85,7 +85,7 @@ matrix: install
 	$(BIN)/python -m devtools.matrix
 
 test-unit: install
-	$(BIN)/pytest tests/unit
+	$(BIN)/pytest tests/unit tests/devtools tests/bench
 
 test-grpc: install
 	$(BIN)/pytest tests/grpc

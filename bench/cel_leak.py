@@ -14,7 +14,7 @@ after, as a table:
   selectors with callbacks), which replaces its child after ``--recycle-after`` callbacks;
   the parent's RSS and the largest RSS a child reached are shown.
 
-Not run by the tests (it takes a minute); ``tests/unit/test_cel_worker.py`` checks that
+Not run by the tests (it takes a minute); ``tests/unit/dradriver/cel/test_worker.py`` checks that
 the recycling fires.
 """
 

@@ -40,7 +40,8 @@ from devtools.cluster.config import (
 from devtools.cluster.local import LocalCluster, running_cluster
 
 TIERS = ("unit", "grpc", "fuzz", "chart", "cluster")
-UNIT_DIRS = ("devtools",)  # tests of the dev tooling and the benches' logic: unit tier
+UNIT_DIRS = ("devtools", "bench")  # tests of the dev tooling and the benches' logic: unit tier
+TESTS = Path(__file__).resolve().parent
 
 settings.register_profile(
     "fuzz",
@@ -53,12 +54,14 @@ settings.register_profile(
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # The tier is the directory right under tests/: a folder deeper down may share a tier's
+    # name (tests/devtools/cluster/ holds unit tests of devtools/cluster/).
     for item in items:
-        parts = Path(str(item.fspath)).parts
-        for tier in TIERS:
-            if tier in parts:
-                item.add_marker(getattr(pytest.mark, tier))
-        if any(d in parts for d in UNIT_DIRS) and "unit" not in parts:
+        path = Path(str(item.fspath)).resolve()
+        top = path.relative_to(TESTS).parts[0] if path.is_relative_to(TESTS) else ""
+        if top in TIERS:
+            item.add_marker(getattr(pytest.mark, top))
+        elif top in UNIT_DIRS:
             item.add_marker(pytest.mark.unit)
 
 

@@ -2,7 +2,7 @@
 
 The registry-less build (:mod:`devtools.image.build`) reads these values; the
 ``Dockerfile`` at the top of the repository spells the same image for users
-with a registry, and ``tests/unit/test_image_recipe.py`` fails when the two
+with a registry, and ``tests/devtools/image/test_recipe.py`` fails when the two
 disagree (base, packages, Python, user, environment, commands).
 
 The image: Debian's root filesystem (``minbase``, docs and locales left out

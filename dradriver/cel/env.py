@@ -51,7 +51,7 @@ selectors without callbacks do not grow). What this adapter does about it:
    In-process callbacks (worker turned off) are counted; :func:`stats` reports them, the
    estimated leak and ``over_budget`` (:func:`set_callback_budget`), and the worker's
    evaluations, starts, recycles and timeouts. Re-measure with
-   ``tests/unit/test_cel_leak.py`` and ``bench/cel_leak.py`` when upgrading
+   ``tests/unit/dradriver/cel/test_env_leak.py`` and ``bench/cel_leak.py`` when upgrading
    cel-expr-python.
 
 Evaluations pass the device as ``eval(data=...)``: measured as fast as a reused

@@ -22,7 +22,7 @@ from dradriver.k8s.objects import Obj
 from dradriver.runtime import Informer, RuntimeMetrics
 from tests.fakes.httpapiserver import ScriptedHTTPAPIServer
 from tests.fuzz.strategies import deep_depths, deep_json, json_depth, json_values, tricky_text
-from tests.unit.test_controllerruntime_informer import (
+from tests.unit.dradriver.runtime.test_informer import (
     DEADLINE,
     FakeClient,
     Stream,

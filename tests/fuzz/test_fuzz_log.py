@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from dradriver import log
 from tests.fuzz.strategies import any_text, json_values
-from tests.unit.test_log import logfmt_fields
+from tests.unit.dradriver.test_log import logfmt_fields
 
 FUZZ = settings.get_profile("fuzz")
 

@@ -22,7 +22,7 @@ from kubeletplugin.nodedriver import NodeDriver
 from tests.fakes.apiserver import FakeAPIServer
 from tests.fakes.claims import DRIVER, NODE, allocated_claim, claim_ref, result, store_claim
 from tests.grpc.test_cdi_runtime_check import pytestmark as needs_checker
-from tests.unit.test_nodedriver import DEVICES
+from tests.unit.kubeletplugin.test_nodedriver import DEVICES
 
 pytestmark = needs_checker
 

@@ -1,0 +1,286 @@
+"""The allocator's search off the event loop: the child process, its budget, and what the
+ClaimReconciler does with its answers (real child processes, the fake apiserver)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from collections.abc import Iterator
+from typing import Any, cast
+
+import pytest
+
+from controller.claims.context import ClaimContext, ClaimSettings, ClaimSources
+from controller.claims.reconciler import ClaimReconciler
+from controller.claims.worker import AllocationJob, AllocationWorker, SliceSnapshot
+from dradriver.allocator import AllocatedState, node_info
+from dradriver.api.wellknown import ALLOCATION_ANNOTATION, FINALIZER, STATUS_ANNOTATION
+from dradriver.k8s.objects import Obj
+from dradriver.k8s.paths import RESOURCE_V1, path_for
+from dradriver.runtime import RequeueAfter
+from tests.fakes.apiserver import FakeAPIServer
+from tests.fakes.informer import FakeInformer
+from tests.unit.dradriver.allocator.builders import DRIVER, device, device_class, node, node_slice
+from tests.unit.dradriver.allocator.builders import claim as bare_claim
+from tests.unit.dradriver.allocator.builders import request as bare_request
+from tests.unit.dradriver.runtime.test_leaderelection import eventually
+
+GPU = device_class()
+NODES = [node(f"node-{i}") for i in range(1, 9)]
+
+
+def slices(per_node: int = 32) -> tuple[Obj, ...]:
+    """Every node: ``per_node`` devices whose attribute ``group`` takes 16 values."""
+    return tuple(
+        node_slice(
+            n["metadata"]["name"],
+            [device(f"dev-{i}", {"group": i % 16}) for i in range(per_node)],
+        )
+        for n in NODES
+    )
+
+
+def pathological(name: str = "patho", count: int = 17) -> Obj:
+    """``count`` devices with pairwise distinct ``group``: 17 cannot be had from 16 values,
+    and the search only learns that by trying (about 1,000,000 steps per node)."""
+    return bare_claim(
+        name,
+        bare_request("r", count=count),
+        constraints=[{"distinctAttribute": f"{DRIVER}/group"}],
+    )
+
+
+def job(claim: Obj, budget: float = 60.0, state: AllocatedState | None = None) -> AllocationJob:
+    return AllocationJob.of(claim, state or AllocatedState(), [node_info(n) for n in NODES], budget)
+
+
+INVENTORY = SliceSnapshot(1, slices(), (GPU,))
+
+
+def run(coro: Any) -> Any:
+    # A guard against a hang only: a worker that failed to stop a search would block here.
+    return asyncio.run(asyncio.wait_for(coro, 120))
+
+
+@pytest.fixture(scope="module")
+def worker() -> Iterator[AllocationWorker]:
+    shared = AllocationWorker()
+    yield shared
+    run(shared.close())
+
+
+def result_for(pool: str, device: str) -> Obj:
+    return {"request": "r", "driver": DRIVER, "pool": pool, "device": device}
+
+
+def devices_of(allocation: Obj) -> list[tuple[str, str]]:
+    return [(r["pool"], r["device"]) for r in allocation["devices"]["results"]]
+
+
+# --- the worker ------------------------------------------------------------------------
+
+
+def test_allocates_in_a_child_that_keeps_its_inventory(worker: AllocationWorker) -> None:
+    async def scenario() -> None:
+        sent = worker.stats.inventories_sent
+        answer = await worker.allocate(job(pathological(count=16)), INVENTORY)
+        assert answer.allocation is not None and answer.exhausted is None
+        assert devices_of(answer.allocation) == [("node-1", f"dev-{i}") for i in range(16)]
+        assert worker.pid is not None and worker.pid != os.getpid()
+        # The state of the job counts: the next claim gets the next devices.
+        state = AllocatedState()
+        state.add("ns/first", answer.allocation)
+        answer = await worker.allocate(job(pathological("b", count=2), state=state), INVENTORY)
+        assert answer.allocation is not None
+        assert devices_of(answer.allocation) == [("node-1", "dev-16"), ("node-1", "dev-17")]
+        assert worker.stats.inventories_sent == sent + 1  # the child kept it
+        # The child's copy of the holdings follows removals and changes too.
+        state.remove("ns/first")
+        state.add("ns/other", {"devices": {"results": [result_for("node-1", "dev-0")]}})
+        answer = await worker.allocate(job(pathological("b", count=2), state=state), INVENTORY)
+        assert answer.allocation is not None
+        assert devices_of(answer.allocation) == [("node-1", "dev-1"), ("node-1", "dev-2")]
+        changed = SliceSnapshot(2, slices(per_node=2), (GPU,))
+        answer = await worker.allocate(job(pathological(count=2)), changed)
+        assert answer.allocation is not None
+        assert worker.stats.inventories_sent == sent + 2
+        answer = await worker.allocate(job(pathological(count=3)), changed)
+        assert answer.allocation is None
+        assert "needs 3 device(s) usable from one node" in answer.message
+
+    run(scenario())
+
+
+def test_a_search_out_of_time_is_an_answer_and_the_child_stays(worker: AllocationWorker) -> None:
+    async def scenario() -> None:
+        await worker.allocate(job(pathological(count=1)), INVENTORY)
+        pid, starts = worker.pid, worker.stats.starts
+        answer = await worker.allocate(job(pathological(), budget=0.2), INVENTORY)
+        assert answer.allocation is None and answer.exhausted == "time"
+        assert answer.message == "search ran out of time without a result"
+        assert (worker.pid, worker.stats.starts) == (pid, starts)
+
+    run(scenario())
+
+
+def test_a_child_that_stops_answering_is_killed_and_replaced() -> None:
+    async def scenario() -> None:
+        worker = AllocationWorker(grace=0.2)
+        try:
+            assert (await worker.allocate(job(pathological(count=1)), INVENTORY)).allocation
+            stuck = worker.pid
+            assert stuck is not None
+            # A real fault on the real child: it stops answering (as a selector stuck in C
+            # would); the budget and the grace pass, the child is killed.
+            os.kill(stuck, signal.SIGSTOP)
+            answer = await worker.allocate(job(pathological(count=1), budget=0.1), INVENTORY)
+            assert answer.allocation is None and answer.exhausted == "time"
+            assert answer.message == "no answer within the budget of 0.1 s (stopped)"
+            assert worker.stats.kills == 1
+            with pytest.raises(ProcessLookupError):
+                os.kill(stuck, 0)  # gone (and reaped)
+            answer = await worker.allocate(job(pathological(count=1)), INVENTORY)
+            assert answer.allocation is not None
+            assert worker.pid not in (None, stuck) and worker.stats.starts == 2
+        finally:
+            await worker.close()
+
+    run(scenario())
+
+
+def test_cancelling_a_job_kills_the_child() -> None:
+    async def scenario() -> None:
+        worker = AllocationWorker()
+        try:
+            assert (await worker.allocate(job(pathological(count=1)), INVENTORY)).allocation
+            searching = worker.pid
+            task = asyncio.create_task(worker.allocate(job(pathological(), 3600), INVENTORY))
+            await eventually("the job in the I/O thread", lambda: worker.stats.jobs == 2)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            # The next job queues behind the cancelled one: it is answered only because
+            # the hour-long search was stopped.
+            answer = await worker.allocate(job(pathological(count=1)), INVENTORY)
+            assert answer.allocation is not None
+            assert worker.stats.kills == 1 and worker.pid != searching
+        finally:
+            await worker.close()
+
+    run(scenario())
+
+
+# --- the reconciler with the worker ------------------------------------------------------
+
+
+def immediate(claim: Obj) -> Obj:
+    claim["metadata"].update(
+        {"annotations": {ALLOCATION_ANNOTATION: "Immediate"}, "finalizers": [FINALIZER]}
+    )
+    return claim
+
+
+def claim_path(name: str) -> str:
+    return path_for(RESOURCE_V1, "resourceclaims", "ns", name)
+
+
+class Rig:
+    def __init__(self, worker: AllocationWorker, budget: float, *claims: Obj) -> None:
+        self.api = FakeAPIServer()
+        self.claims = FakeInformer(
+            *(self.api.put(claim_path(c["metadata"]["name"]), c) for c in claims)
+        )
+        self.rec = ClaimReconciler(
+            ClaimContext.create(cast(Any, self.api), "dradriver.dev", cast(Any, self.claims)),
+            ClaimSources(
+                cast(Any, FakeInformer()),
+                cast(Any, FakeInformer(*slices())),
+                cast(Any, FakeInformer(GPU)),
+                cast(Any, FakeInformer(*NODES)),
+            ),
+            ClaimSettings(allocation_timeout=budget),
+            worker=worker,
+        )
+
+    def stored(self, name: str) -> Obj:
+        obj = self.api.stored(claim_path(name))
+        assert obj is not None
+        return obj
+
+    def events(self) -> list[tuple[str, str]]:
+        prefix = path_for("v1", "events", "ns") + "/"
+        return [
+            (o["reason"], o["message"])
+            for path, o in sorted(self.api.objects.items())
+            if path.startswith(prefix)
+        ]
+
+
+def test_a_claim_out_of_budget_is_told_so_and_retried_only_after_its_backoff(
+    worker: AllocationWorker,
+) -> None:
+    async def scenario() -> None:
+        rig = Rig(worker, 0.3, immediate(pathological()))
+        with pytest.raises(RequeueAfter) as first:
+            await rig.rec("ns/patho")
+        message = (
+            "no allocation found within the 0.3 s allocation budget (--allocation-timeout); "
+            "retrying with backoff"
+        )
+        assert rig.stored("patho")["metadata"]["annotations"][STATUS_ANNOTATION] == message
+        assert rig.events() == [("AllocationFailed", message)]
+        assert first.value.delay == 1.0
+        # Enqueued again at once (its own annotation write, a slice changing): no new
+        # search until the backoff delay has passed, each one would cost a budget.
+        jobs = worker.stats.jobs
+        with pytest.raises(RequeueAfter) as again:
+            await rig.rec("ns/patho")
+        assert worker.stats.jobs == jobs
+        assert 0 < again.value.delay <= 1.0
+        assert "allocation" not in rig.stored("patho").get("status", {})
+
+    run(scenario())
+
+
+def test_the_reconciler_writes_what_the_worker_found(worker: AllocationWorker) -> None:
+    async def scenario() -> None:
+        rig = Rig(worker, 10.0, immediate(pathological(count=16)))
+        await rig.rec("ns/patho")
+        allocation = rig.stored("patho")["status"]["allocation"]
+        assert devices_of(allocation) == [("node-1", f"dev-{i}") for i in range(16)]
+        assert allocation["allocationTimestamp"]
+
+    run(scenario())
+
+
+def test_a_device_taken_during_the_search_is_not_written() -> None:
+    async def scenario() -> None:
+        worker = AllocationWorker()
+        try:
+            rig = Rig(worker, 60.0, immediate(pathological(count=1)))
+            await worker.allocate(job(pathological(count=1)), INVENTORY)  # a warm child
+            assert worker.pid is not None
+            os.kill(worker.pid, signal.SIGSTOP)  # the search cannot answer yet
+            task = asyncio.create_task(rig.rec("ns/patho"))
+            # The reconciler took its snapshot and sent the job.
+            await eventually("the job in the I/O thread", lambda: worker.stats.jobs == 2)
+            # Meanwhile the informer shows another claim taking the device it will find.
+            other = pathological("other", count=1)
+            other["status"] = {
+                "allocation": {"devices": {"results": [result_for("node-1", "dev-0")]}}
+            }
+            rig.claims.apply(other)
+            os.kill(worker.pid, signal.SIGCONT)
+            with pytest.raises(RequeueAfter, match="ns/other took a device during the search"):
+                await task
+            assert "allocation" not in rig.stored("patho").get("status", {})
+            assert "ns/patho" not in rig.rec.holdings.inflight
+            # Looked at again, it gets the next device.
+            await rig.rec("ns/patho")
+            allocation = rig.stored("patho")["status"]["allocation"]
+            assert devices_of(allocation) == [("node-1", "dev-1")]
+        finally:
+            await worker.close()
+
+    run(scenario())
