@@ -11,7 +11,7 @@ import pytest
 from dradriver.devices.config import parse_config
 from kubeletplugin.doctor.cli import log_failures, needs_of
 from kubeletplugin.main import main
-from tests.unit.test_doctor import make_roots, touch
+from tests.unit.kubeletplugin.doctor.test_checks import make_roots, touch
 
 CONFIG = """
 sources:
