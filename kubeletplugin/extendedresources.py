@@ -14,8 +14,8 @@ Invariants:
   paths: the chart's DeviceClass for the profile selects by it, the plain class leaves it out.
 * DRA path: the shim advertises none of these names (it runs only for ``devicePlugin.enabled``,
   and the configuration refuses a ``devicePlugin.resources`` entry with such a name).
-* Device-plugin path: one shim resource per profile, named ``extendedResourceName`` and
-  selecting the devices with that attribute, kept from DRA (partitioned) whatever
+* Device-plugin path: one shim resource per name, selecting the devices with that attribute
+  (of every profile that has the name), kept from DRA (partitioned) whatever
   ``devicePlugin.mode`` says; shared profiles are slot devices (the device-plugin API has
   no capacity). The shim runs even where ``devicePlugin.enabled`` is false, then serving
   only these resources.
@@ -55,8 +55,9 @@ class Choice:
 
 
 def resource_names(config: DriverConfig) -> list[str]:
-    """The host profiles' extended resource names, in configuration order."""
-    return [name for _, name, _ in config.extended_resource_profiles()]
+    """The host profiles' extended resource names, in configuration order, each once (the
+    profiles that share a name serve it together)."""
+    return list(dict.fromkeys(name for _, name, _ in config.extended_resource_profiles()))
 
 
 def with_attributes(config: DriverConfig) -> DriverConfig:

@@ -297,16 +297,12 @@ class DriverConfig(BaseModel):
 
     @model_validator(mode="after")
     def _extended_resource_names(self) -> DriverConfig:
-        """One profile per name, never also a ``devicePlugin.resources`` entry, and room for
-        the ``extendedResource`` attribute the name adds to the profile's devices."""
+        """No ``devicePlugin.resources`` entry takes a host profile's ``extendedResourceName``
+        (several profiles may share one: their devices serve it together), and the profiles
+        have room for the ``extendedResource`` attribute the name adds to their devices."""
         owner: dict[str, str] = {}
         for path, name, profile in self.extended_resource_profiles():
-            if name in owner:
-                raise ValueError(
-                    f"{path}.extendedResourceName: {name!r} is also {owner[name]}."
-                    "extendedResourceName; give each host profile its own extended resource"
-                )
-            owner[name] = path
+            owner.setdefault(name, path)
             if EXTENDED_RESOURCE_ATTRIBUTE in profile.attributes:
                 raise ValueError(
                     f"{path}.attributes.{EXTENDED_RESOURCE_ATTRIBUTE}: set from "

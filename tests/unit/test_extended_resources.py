@@ -242,12 +242,21 @@ def test_a_shim_resource_with_a_profiles_name_is_refused_naming_both_fields(dev:
     assert "sources[0].host.extendedResourceName" in text
 
 
-def test_one_profile_per_extended_resource(dev: Path) -> None:
-    config = make_config(dev)
-    doc = config.model_dump(by_alias=True, exclude_defaults=True, mode="json")
+def test_profiles_sharing_a_name_serve_it_together(dev: Path) -> None:
+    """generic-device-plugin's groups of one resource become profiles with one name."""
+    doc = make_config(dev).model_dump(by_alias=True, exclude_defaults=True, mode="json")
     doc["sources"][2]["host"]["extendedResourceName"] = KVM
-    with pytest.raises(DriverConfigError, match=r"sources\[2\]\.host\.extendedResourceName"):
-        parse_config(yaml.safe_dump(doc))
+    config = parse_config(yaml.safe_dump(doc))
+    served = shim_config(config, DEVICE_PLUGIN)
+    assert served is not None and [r.resource_name for r in served.resources] == [KVM]
+    found = devices(ExtendedResources(config).config)
+    assert {n for n, d in found.items() if served.resource_of(d, DRIVER) == KVM} == {
+        "kvm-0",
+        "kvm-1",
+        "kvm-2",
+        "kvm-3",
+        "modem",
+    }
 
 
 def test_the_attribute_is_not_set_by_hand(dev: Path) -> None:
