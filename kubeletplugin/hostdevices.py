@@ -7,7 +7,9 @@ Invariants:
   cluster keep it (``allowMultipleAllocations`` and a capacity with a request policy);
   otherwise, and when the probe could not tell, as N slot devices naming the same host
   node, which every release from 1.34 serves. One configuration serves both; the choice is
-  made once, before the first slice is published, and said in the start-up line.
+  made once, before the first slice is published, and said in the start-up line. Profiles
+  whose extended resource the device-plugin shim serves are always slot devices (the
+  device-plugin API has no capacity): :meth:`HostDevices.slots_for`.
 * A change under a profile's watched directories (a node or a by-id/by-path link made,
   removed or renamed) reaches ``on_change`` within the watcher's debounce (50 ms): the
   owner rediscovers, republishes and reports health at once, not at the next health tick.
@@ -42,14 +44,21 @@ class HostDevices:
         self.sources = [s for s in sources if isinstance(s, HostDeviceSource)]
         self._on_change = on_change
         self._watcher: HotplugWatcher | None = None
+        self._slots_only: frozenset[str] = frozenset()
         self.form = SLOTS
         self.use(SLOTS)
+
+    def slots_for(self, extended_resources: Iterable[str]) -> None:
+        """Profiles with one of these ``extendedResourceName`` stay slot devices whatever
+        :meth:`use` says (call before it)."""
+        self._slots_only = frozenset(extended_resources)
 
     def use(self, form: str) -> None:
         """Publish shared profiles as ``form`` (:data:`CAPACITY` or :data:`SLOTS`)."""
         self.form = form
         for source in self.sources:
-            source.consumable_capacity = form == CAPACITY
+            name = source.config.extended_resource_name
+            source.consumable_capacity = form == CAPACITY and name not in self._slots_only
 
     @property
     def shared(self) -> bool:

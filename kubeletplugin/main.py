@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dradriver import DEFAULT_DRIVER_NAME
-from dradriver.devices.config import DriverConfig, load_config
+from dradriver.devices.config import DevicePluginConfig, DriverConfig, load_config
 from dradriver.devices.configyaml import DriverConfigError
 from dradriver.devices.sources import build_sources, discover_all
 from dradriver.devices.static import MockDeviceError
@@ -33,6 +33,7 @@ from dradriver.resourceslice.publisher import SlicePublisher, slice_informer
 from kubeletplugin.claimstatus import ClaimStatusWriter
 from kubeletplugin.doctor.cli import log_failures
 from kubeletplugin.doctor.cli import main as doctor_main
+from kubeletplugin.extendedresources import ExtendedResources
 from kubeletplugin.hostdevices import HostDevices, sharing_form
 from kubeletplugin.inventory import NodeInventory
 from kubeletplugin.legacy.errors import DevicePluginSetupError
@@ -182,14 +183,13 @@ class Plugin:
             max_connections=API_CONNECTIONS,
         )
         self.ledger = Ledger.load(Path(state_dir) / "ledger.json")
-        sources = build_sources(config)
+        self.extended = ExtendedResources(config)
+        sources = build_sources(self.extended.config)
         self.host_devices = HostDevices(sources, self._devices_changed)
         self.inventory = NodeInventory(self.node, lambda: discover_all(sources))
         self._health_task: asyncio.Task[None] | None = None
         self.shim: DevicePluginShim | None = None
         self.hold_reconciler: HoldReconciler | None = None
-        if config.device_plugin.enabled:
-            self._start_device_plugin_shim()
         self.claim_status = (
             ClaimStatusWriter(self.client, self.driver_name, self.node)
             if args.claim_status
@@ -204,7 +204,6 @@ class Plugin:
             setup=_hook(config.hooks.setup, "setup"),
             teardown=_hook(config.hooks.teardown, "teardown"),
             metrics=self.metrics,
-            gate=self.shim,
             status=self.claim_status,
             metadata=DeviceMetadataWriter(
                 self.driver_name, self.paths.plugin_dir, args.cdi_dir, self._published_attributes
@@ -228,17 +227,16 @@ class Plugin:
         self.helper.registration.on_registered = self.metrics.registrations.inc
         self.helper.on_kubelet_call = self._count_kubelet_call
         self._publish_inventory()
-        if self.shim is not None:
-            self.shim.on_dra_view_change = self._publish_inventory
 
-    def _start_device_plugin_shim(self) -> None:
-        """The device-plugin shim and its pod-resources reconciler (devicePlugin.enabled)."""
+    def _start_device_plugin_shim(self, config: DevicePluginConfig) -> None:
+        """The device-plugin shim and its pod-resources reconciler (devicePlugin.enabled, or
+        host profiles' extended resources on the device-plugin path)."""
         # Imported here: a node without the shim never loads it (or the device-plugin
         # framework and its gRPC stubs), bench.plugin_rss.
         from kubeletplugin.legacy.podresources import HoldReconciler, PodResourcesClient
         from kubeletplugin.legacy.shim import DevicePluginShim
 
-        args, config = self.args, self.config.device_plugin
+        args = self.args
         kubelet_root = Path(args.kubelet_root)
         self.shim = DevicePluginShim(
             config=config,
@@ -249,6 +247,7 @@ class Plugin:
             plugin_dir=args.device_plugin_dir or kubelet_root / "device-plugins",
             instance=args.instance,
             metrics=self.metrics,
+            partitioned=self.extended.partitioned,
         )
         self.hold_reconciler = HoldReconciler(
             self.shim,
@@ -260,6 +259,24 @@ class Plugin:
             on_error=self.metrics.dp_pod_resources_errors.inc,
             on_pass=self.metrics.dp_pod_resources_polls.inc,
         )
+        self.driver.gate = self.shim
+        self.shim.on_dra_view_change = self._publish_inventory
+
+    async def _choose_forms(self, missing: list[capabilities.Missing] | None) -> dict[str, str]:
+        """Before anything serves: the extended resources' path (and the shim it needs) and
+        the form of shared host devices; the start-up line's fields saying them."""
+        await self.extended.decide(self.client, self.driver_name)
+        shim_config = self.extended.shim_config()
+        if shim_config is not None:
+            self._start_device_plugin_shim(shim_config)
+        said = self.extended.said()
+        self.host_devices.slots_for(self.extended.partitioned)
+        if self.host_devices.shared:
+            self.host_devices.use(sharing_form(missing))
+            self.inventory.refresh()
+            said["shared_host_devices_as"] = self.host_devices.form
+        self._publish_inventory()
+        return said
 
     def _published_attributes(self, device: str) -> dict[str, Any]:
         """A device's attributes as its ResourceSlice shows them (for the metadata file)."""
@@ -336,19 +353,14 @@ class Plugin:
         )
         if self.host_devices.sources:
             await asyncio.to_thread(log_failures, self.config)
-        sharing: dict[str, str] = {}
-        if self.host_devices.shared:
-            self.host_devices.use(sharing_form(missing))
-            self.inventory.refresh()
-            self._publish_inventory()
-            sharing["shared_host_devices_as"] = self.host_devices.form
+        forms = await self._choose_forms(missing)
         log.info(
             "starting",
             driver=self.driver_name,
             node=self.node,
             devices=len(self.inventory.devices),
             **counts,
-            **sharing,
+            **forms,
         )
         http = HTTPEndpoint(
             build_app(self.ready, self.metrics.registry, "dradriver-kubeletplugin"),

@@ -29,6 +29,8 @@ Example::
         - resourceName: dradriver.dev/mock
           devices: {names: ["dev-0", "dev-1"]}
       preStart: {command: [/usr/local/bin/setup-device]}
+    extendedResources: auto        # how host profiles' extendedResourceName is served:
+                                   # auto (probe the cluster), dra or devicePlugin
 """
 
 from __future__ import annotations
@@ -51,7 +53,14 @@ from dradriver.devices.configyaml import (
     config_error,
     load_yaml,
 )
-from dradriver.devices.model import AttributeName, CounterSet, Device, DeviceProperties
+from dradriver.devices.hostdev.config import HOST_ATTRIBUTES, HostSourceConfig
+from dradriver.devices.model import (
+    MAX_ATTRIBUTES_AND_CAPACITIES_PER_DEVICE,
+    AttributeName,
+    CounterSet,
+    Device,
+    DeviceProperties,
+)
 from dradriver.devices.sourceconfig import SourceConfig
 from dradriver.devices.topology import MAX_NUMA_NODES, NUMA_NODE_ATTRIBUTE
 from dradriver.errors import from_validation_error
@@ -59,6 +68,10 @@ from dradriver.k8s import names
 
 DEFAULT_DRIVER_NAME = "dradriver.dev"
 DEFAULT_HOOK_TIMEOUT_SECONDS = 30
+EXTENDED_RESOURCE_ATTRIBUTE = "extendedResource"
+"""The attribute that sets a device aside for an extended resource (``<driver>/extendedResource``):
+DeviceClasses with ``extendedResourceName`` select by it, the plain class leaves it out."""
+ExtendedResourcesPath = Literal["auto", "dra", "devicePlugin"]
 
 
 # --------------------------------------------------------------------------------------------
@@ -229,6 +242,10 @@ class DriverConfig(BaseModel):
     device_plugin: DevicePluginConfig = Field(
         default_factory=DevicePluginConfig, alias="devicePlugin"
     )
+    extended_resources: ExtendedResourcesPath = Field(default="auto", alias="extendedResources")
+    """How host profiles' ``extendedResourceName`` is served on a node: through DRA (a
+    DeviceClass with ``extendedResourceName``) or the device-plugin shim; ``auto`` asks the
+    cluster at start-up (kubeletplugin.extendedresources)."""
 
     @model_validator(mode="after")
     def _counter_references(self) -> DriverConfig:
@@ -277,6 +294,45 @@ class DriverConfig(BaseModel):
                     f"to {MAX_NUMA_NODES - 1}; leave it out for a device without NUMA affinity"
                 )
         return self
+
+    @model_validator(mode="after")
+    def _extended_resource_names(self) -> DriverConfig:
+        """No ``devicePlugin.resources`` entry takes a host profile's ``extendedResourceName``
+        (several profiles may share one: their devices serve it together), and the profiles
+        have room for the ``extendedResource`` attribute the name adds to their devices."""
+        owner: dict[str, str] = {}
+        for path, name, profile in self.extended_resource_profiles():
+            owner.setdefault(name, path)
+            if EXTENDED_RESOURCE_ATTRIBUTE in profile.attributes:
+                raise ValueError(
+                    f"{path}.attributes.{EXTENDED_RESOURCE_ATTRIBUTE}: set from "
+                    f"{path}.extendedResourceName; remove the attribute"
+                )
+            total = len(profile.attributes) + len(profile.capacity) + len(HOST_ATTRIBUTES) + 2
+            if total > MAX_ATTRIBUTES_AND_CAPACITIES_PER_DEVICE:
+                raise ValueError(
+                    f"{path}.attributes: extendedResourceName adds the attribute "
+                    f"{EXTENDED_RESOURCE_ATTRIBUTE}, which makes {total} attributes and "
+                    f"capacities; at most {MAX_ATTRIBUTES_AND_CAPACITIES_PER_DEVICE} are allowed "
+                    "per device, so remove one"
+                )
+        for index, resource in enumerate(self.device_plugin.resources):
+            if resource.resource_name in owner:
+                raise ValueError(
+                    f"devicePlugin.resources[{index}].resourceName: {resource.resource_name!r} "
+                    f"is {owner[resource.resource_name]}.extendedResourceName, which the "
+                    "driver serves itself (through DRA or the device plugin, see "
+                    "extendedResources); remove this resource or the profile's "
+                    "extendedResourceName"
+                )
+        return self
+
+    def extended_resource_profiles(self) -> Iterator[tuple[str, str, HostSourceConfig]]:
+        """``(field path, extendedResourceName, profile)`` of each host profile that has one."""
+        for index, source in enumerate(self.sources):
+            host = source.host
+            if host is not None and host.extended_resource_name is not None:
+                yield f"sources[{index}].host", host.extended_resource_name, host
 
     def _device_properties(self) -> Iterator[tuple[str, DeviceProperties]]:
         for index, source in enumerate(self.sources):

@@ -8,6 +8,10 @@ itself: a dry-run create of one slice carrying every gated field it may use
 would have). The features whose fields come back missing are reported in one
 line at start-up, with what the component does without them; everything else
 keeps working, and the slice publisher still reports dropped fields per write.
+
+DeviceClass fields are asked about the same way (a dry-run create of one class):
+:func:`keeps_extended_resource_name` tells whether ``spec.extendedResourceName``
+(DRAExtendedResource) survives.
 """
 
 from __future__ import annotations
@@ -156,3 +160,37 @@ async def say_what_this_cluster_lacks(
     if line:
         log.warning(line)
     return missing
+
+
+EXTENDED_RESOURCE_GATE = "DRAExtendedResource"
+
+
+def probe_device_class(driver: str) -> Obj:
+    """A DeviceClass with ``extendedResourceName``, for a dry-run create."""
+    return {
+        "apiVersion": RESOURCE_V1,
+        "kind": "DeviceClass",
+        "metadata": {"generateName": f"{driver}-probe-"},
+        "spec": {
+            "extendedResourceName": f"{driver}/probe",
+            "selectors": [{"cel": {"expression": f'device.driver == "{driver}"'}}],
+        },
+    }
+
+
+async def keeps_extended_resource_name(client: DryRunClient, driver: str) -> bool | None:
+    """Whether the apiserver keeps ``DeviceClass.spec.extendedResourceName`` (dry run: nothing
+    is stored); None, with a warning, when the probe got no answer."""
+    sent = probe_device_class(driver)
+    try:
+        stored = await client.request(
+            "POST", path_for(RESOURCE_V1, "deviceclasses"), sent, params={"dryRun": "All"}
+        )
+    except Exception as e:  # refused, unreachable: the caller assumes the least
+        log.warning(
+            "could not find out whether this cluster keeps DeviceClass.spec.extendedResourceName",
+            error=str(e),
+        )
+        return None
+    kept = stored.get("spec", {}).get("extendedResourceName")
+    return bool(kept == sent["spec"]["extendedResourceName"])

@@ -1,7 +1,8 @@
 """What DRA asks the device-plugin shim before and after it prepares a claim.
 
 The answers of :class:`kubeletplugin.nodedriver.DRAGate`. Invariants: in ``partitioned``
-mode DRA never prepares a device a resource serves; in ``shared`` mode the ledger decides,
+mode DRA never prepares a device a resource serves (in any mode, one a resource named in
+``partitioned`` serves); in ``shared`` mode the ledger decides,
 and a refusal names the pod that holds the device through the device plugin when the
 kubelet has reported it (the allocation ID otherwise); every prepare or unprepare makes
 the device plugin's lists current again.
@@ -14,13 +15,20 @@ from kubeletplugin.legacy.holds import PluginHolds
 from kubeletplugin.legacy.served import ServedDevices, held_taint_key
 
 
-def partitioned_refusal(pool: str, device: str, resource: str) -> str:
+def partitioned_refusal(
+    pool: str, device: str, resource: str, why: str = "devicePlugin.mode: partitioned"
+) -> str:
     return (
         f"device {pool}/{device} is served through the device plugin as {resource} "
-        "(devicePlugin.mode: partitioned), so DRA does not prepare it and it is not in this "
+        f"({why}), so DRA does not prepare it and it is not in this "
         "node's ResourceSlices; delete the claim (or its pod) so the scheduler allocates "
         "another device, or remove the device from devicePlugin.resources"
     )
+
+
+EXTENDED_RESOURCE_REFUSAL = (
+    "a host profile's extendedResourceName, served by the device plugin on this node"
+)
 
 
 class DRAGateAnswers:
@@ -31,13 +39,15 @@ class DRAGateAnswers:
         self.holds = holds
 
     def refuse_for_dra(self, device: str) -> str | None:
-        if self.served.mode != "partitioned":
+        if self.served.mode != "partitioned" and not self.served.partitioned:
             return None
         found = self.served.inventory.devices.get(device)
         resource = self.served.resource_of(found) if found is not None else None
-        if resource is None:
+        if resource is None or not self.served.is_partitioned(resource):
             return None
-        return partitioned_refusal(self.served.pool, device, resource)
+        if self.served.mode == "partitioned":
+            return partitioned_refusal(self.served.pool, device, resource)
+        return partitioned_refusal(self.served.pool, device, resource, EXTENDED_RESOURCE_REFUSAL)
 
     def _plugin_holder(self, ref: DeviceRef, holder: PluginHolder) -> str:
         owner = self.holds.owner(holder.pod_uid)

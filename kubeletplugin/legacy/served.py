@@ -7,6 +7,8 @@ Invariants:
 * ListAndWatch lists every device of a resource; one a DRA claim holds (admin access does
   not take a device) is Unhealthy, which takes it out of the node's allocatable;
 * ``partitioned`` mode: the resources' devices are left out of the node's ResourceSlices;
+  so are, in either mode, the devices of the resources named in ``partitioned`` (host
+  profiles' extended resources the shim serves: kubeletplugin.extendedresources);
 * ``shared`` mode: DRA publishes every device, except that one held through the device
   plugin is tainted ``<driver>/held-by-device-plugin`` (NoSchedule) or left out
   (``hideFromDRA``); a change of that set is announced through ``on_dra_view_change``.
@@ -54,8 +56,11 @@ class ServedDevices:
         ledger: Ledger,
         manager: DevicePluginManager,
         metrics: PluginMetrics,
+        partitioned: Collection[str] = (),
     ) -> None:
         self.config = config
+        self.partitioned = frozenset(partitioned)
+        """Resources served as in ``partitioned`` mode whatever ``devicePlugin.mode`` says."""
         self.driver_name = driver_name
         self.inventory = inventory
         self.ledger = ledger
@@ -74,6 +79,10 @@ class ServedDevices:
     @property
     def mode(self) -> str:
         return self.config.mode
+
+    def is_partitioned(self, resource: str) -> bool:
+        """Whether ``resource``'s devices are kept from DRA altogether."""
+        return self.mode == "partitioned" or resource in self.partitioned
 
     def check_overlaps(self) -> None:
         overlaps = self.config.overlaps(self.inventory.devices.values(), self.driver_name)
@@ -182,6 +191,9 @@ class ServedDevices:
         taint = DeviceTaint(key=held_taint_key(self.driver_name), effect="NoSchedule")
         out = []
         for device in devices:
+            resource = self.resource_of(device)
+            if resource is not None and resource in self.partitioned:
+                continue
             if device.name not in held:
                 out.append(device)
             elif (

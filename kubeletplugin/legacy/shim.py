@@ -114,7 +114,9 @@ class DevicePluginShim:
         instance: str = "",
         metrics: PluginMetrics | None = None,
         watch_interval: float = 1.0,
+        partitioned: Collection[str] = (),
     ) -> None:
+        """``partitioned``: resources kept from DRA whatever ``config.mode`` says."""
         self.config = config
         self.driver_name = driver_name
         self.inventory = inventory
@@ -137,6 +139,7 @@ class DevicePluginShim:
             ledger=ledger,
             manager=self.manager,
             metrics=self.metrics,
+            partitioned=partitioned,
         )
         self.holds = PluginHolds(self.served, ledger, self.cdi, self.metrics)
         self.allocations = Allocations(
