@@ -14,8 +14,7 @@ container, which has none without it.)
 
 Host safety: the loop profile is a glob of at most two loop devices that were free when
 the module started; the containers attach files of their own and detach them; tun
-interfaces live in the pods' network namespaces only; the hot-plug profile's nodes are
-made under the module's own directory with /dev/null's numbers (1:3).
+interfaces live in the pods' network namespaces only. (Hot-plug: test_host_hotplug.py.)
 """
 
 from __future__ import annotations
@@ -23,12 +22,9 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import statistics
 import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
@@ -39,8 +35,6 @@ from devtools.cluster.local import LocalCluster
 from devtools.cluster.probe import Use, read_uses
 from devtools.cluster.wait import wait_until
 from devtools.harness.nodeplugin import NodePlugin, node_slices, start_node_plugin
-from dradriver.devices.hostdev.identity import Identity, device_name
-from dradriver.devices.model import unhealthy_taint_key
 from dradriver.k8s.objects import Obj
 from dradriver.k8s.paths import RESOURCE_V1, path_for
 from kubeletplugin.hostdevices import CAPACITY, SLOTS
@@ -51,26 +45,12 @@ NODE = "node-1"
 R = RESOURCE_V1
 # Survives one kubelet retry (the Node authorizer's lag on a fresh claim: 10 s + jitter).
 DEADLINE = 120
-KINDS = ("kvm", "fuse", "tun", "loop", "hot")
+KINDS = ("kvm", "fuse", "tun", "loop")
 SHARE = {"kvm": 2, "fuse": 4, "tun": 4}
 NODES = {"kvm": "/dev/kvm", "fuse": "/dev/fuse", "tun": "/dev/net/tun"}
 # What each kind's container needs besides the device (CDI cannot add capabilities).
 CAPABILITIES = {"tun": ["NET_ADMIN"], "loop": ["SYS_ADMIN"]}
 MAX_LOOPS = 2
-# Hot-plug: one serial-like device, known by its by-id link whatever the kernel calls it.
-HOT_BY_ID = "usb-Dradriver_Hotplug_HOT123-if00-port0"
-HOT_DEVICE = device_name("hot", Identity("byId", HOT_BY_ID))
-HOT_ROUNDS = 20
-HOT_GOAL = 1.0  # seconds, the plugin's goal; asserted with a margin for CI noise
-HOT_LIMIT = 2.0
-# The slice publisher syncs a pool at most once per second (SlicePublisher's min_interval),
-# coalescing bursts, and the informer's echo of its own write queues one more (no-op) sync a
-# second after the write, which restarts that second: an event less than two seconds after
-# the last write waits for the rest of it (up to 1 s). Each hot-plug event here is made a
-# little more than two intervals after the last write, so what is measured is the event's
-# own path (inotify, rediscovery, publishing, the apiserver).
-PUBLISH_INTERVAL = 1.0
-QUIET = 2 * PUBLISH_INTERVAL + 0.1
 
 
 def free_loop_devices() -> list[str]:
@@ -116,18 +96,6 @@ def _config(work: Path, loops: list[str]) -> Obj:
         sources.append(
             {"host": {"name": "loop", "nodes": [{"path": loop_glob(loops)}], **attrs("loop")}}
         )
-    sources.append(
-        {
-            "host": {
-                "name": "hot",
-                "nodes": [{"path": "/dev/ttyHOT*", "mountPath": "/dev/"}],
-                "identity": "byId",
-                "devRoot": str(work / "hot" / "dev"),
-                "sysfsRoot": str(work / "hot" / "sys"),
-                **attrs("hot"),
-            }
-        }
-    )
     return {"driverName": DRIVER, "sources": sources}
 
 
@@ -160,8 +128,6 @@ def table() -> Iterator[dict[str, dict[str, str]]]:
 @pytest.fixture(scope="module")
 def plugin(local_cluster: LocalCluster, loops: list[str]) -> Iterator[NodePlugin]:
     work = Path(tempfile.mkdtemp(prefix="dradriver-test-hostdev-", dir="/tmp"))
-    (work / "hot" / "dev" / "serial" / "by-id").mkdir(parents=True)
-    (work / "hot" / "sys").mkdir(parents=True)
     config = work / "config.yaml"
     config.write_text(yaml.safe_dump(_config(work, loops)))
     with local_cluster.api() as api:
@@ -480,135 +446,6 @@ def test_without_the_claim_the_host_node_mounted_in_gives_eperm(
     expected = {kind: "ok" if kind == "tun" else "EPERM" for kind in nodes}
     assert opened == expected, {k: u.text() for k, u in results.items()}
     assert bare.get("open") == "ENOENT", bare.text()
-
-
-# ----- hot-plug -----------------------------------------------------------------
-
-
-class HotTree:
-    """The hot-plug profile's /dev and /sys: nodes with /dev/null's numbers (1:3)."""
-
-    def __init__(self, work: Path) -> None:
-        self.dev = work / "hot" / "dev"
-        self.sys = work / "hot" / "sys"
-        self.by_id = self.dev / "serial" / "by-id" / HOT_BY_ID
-        usb = self.sys / "devices" / "pci0000:00" / "0000:00:14.0" / "usb1" / "1-2"
-        usb.mkdir(parents=True, exist_ok=True)
-        for name, value in (
-            ("idVendor", "0403"),
-            ("idProduct", "6001"),
-            ("serial", "HOT123"),
-            ("busnum", "1"),
-            ("devpath", "2"),
-        ):
-            (usb / name).write_text(value + "\n")
-        self.usb = usb
-        (self.sys / "class" / "tty").mkdir(parents=True, exist_ok=True)
-        (self.sys / "dev" / "char").mkdir(parents=True, exist_ok=True)
-
-    def plug(self, kernel_name: str) -> None:
-        """What the kernel and udev do for a new serial device: sysfs, the node, the link."""
-        node_dir = self.usb / "1-2:1.0" / kernel_name / "tty" / kernel_name
-        node_dir.mkdir(parents=True, exist_ok=True)
-        subsystem = node_dir / "subsystem"
-        if not subsystem.is_symlink():
-            subsystem.symlink_to(os.path.relpath(self.sys / "class" / "tty", node_dir))
-        dev_link = self.sys / "dev" / "char" / "1:3"
-        if dev_link.is_symlink():
-            dev_link.unlink()
-        dev_link.symlink_to(os.path.relpath(node_dir, dev_link.parent))
-        os.mknod(self.dev / kernel_name, 0o600 | 0o020000, os.makedev(1, 3))
-        self.by_id.symlink_to(f"../../{kernel_name}")
-
-    def unplug(self, kernel_name: str) -> None:
-        self.by_id.unlink()
-        (self.dev / kernel_name).unlink()
-        shutil.rmtree(self.usb / "1-2:1.0", ignore_errors=True)
-
-
-def hot_device(api: AdminAPI) -> Obj | None:
-    for device in devices_of(api, "hot"):
-        if device["name"] == HOT_DEVICE:
-            return device
-    return None
-
-
-def tainted(device: Obj) -> bool:
-    return any(t.get("key") == unhealthy_taint_key(DRIVER) for t in device.get("taints", []))
-
-
-def timed(what: str, probe: Any) -> tuple[float, Obj]:
-    """Seconds from now until ``probe`` returns the device (polled every 20 ms)."""
-    start = time.monotonic()
-    device = wait_until(what, probe, 10, interval=0.02)
-    return time.monotonic() - start, device
-
-
-def quiet_since(written: float) -> None:
-    """Wait until :data:`QUIET` has passed since the slice write seen at ``written`` (a time
-    condition: nothing the test can observe tells when the publisher's interval is over)."""
-    wait_until(
-        "the slice publisher's minimum interval",
-        lambda: time.monotonic() >= written + QUIET,
-        QUIET + 1,
-        interval=0.02,
-    )
-
-
-def test_hotplug_a_serial_node_appears_is_tainted_when_gone_and_returns_under_its_name(
-    published: str, plugin: NodePlugin, api: AdminAPI
-) -> None:
-    tree = HotTree(plugin.workdir)
-    assert hot_device(api) is None
-    plugs: list[float] = []
-    unplugs: list[float] = []
-    written = time.monotonic() - QUIET
-    for i in range(HOT_ROUNDS):
-        kernel_name = f"ttyHOT{i % 3}"  # the same device under changing kernel names
-        quiet_since(written)
-        tree.plug(kernel_name)
-
-        def present(kernel_name: str = kernel_name) -> Obj | None:
-            device = hot_device(api)
-            if device is None or tainted(device):
-                return None
-            path = device["attributes"].get("path", {}).get("string")
-            return device if path == f"/dev/{kernel_name}" else None
-
-        took, device = timed(f"{HOT_DEVICE} published, healthy, at /dev/{kernel_name}", present)
-        written = time.monotonic()
-        plugs.append(took)
-        attributes = device["attributes"]
-        assert attributes["identity"] == {"string": f"byId:{HOT_BY_ID}"}
-        assert attributes["subsystem"] == {"string": "tty"}
-        assert (attributes["major"], attributes["minor"]) == ({"int": 1}, {"int": 3})
-        assert attributes["vendor"] == {"string": "0403"}
-        assert attributes["product"] == {"string": "6001"}
-        assert attributes["serial"] == {"string": "HOT123"}
-        assert attributes["busPath"] == {"string": "1-2"}
-
-        quiet_since(written)
-        tree.unplug(kernel_name)
-
-        def gone() -> Obj | None:
-            device = hot_device(api)
-            return device if device is not None and tainted(device) else None
-
-        took, device = timed(f"{HOT_DEVICE} tainted unhealthy", gone)
-        written = time.monotonic()
-        unplugs.append(took)
-        # Still the one device of the profile: a device seen once stays known.
-        assert [d["name"] for d in devices_of(api, "hot")] == [HOT_DEVICE]
-
-    def ms(values: list[float]) -> str:
-        return f"p50 {statistics.median(values) * 1000:.0f} ms, max {max(values) * 1000:.0f} ms"
-
-    print(
-        f"\nhot-plug to slice over {HOT_ROUNDS} plugs and {HOT_ROUNDS} unplugs "
-        f"(goal {HOT_GOAL:.0f} s; events {QUIET:.1f} s after the last slice write): "
-        f"plug {ms(plugs)}; unplug {ms(unplugs)}"
-    )
-    assert max(plugs) < HOT_LIMIT and max(unplugs) < HOT_LIMIT, (plugs, unplugs)
 
 
 def test_nothing_of_the_module_is_left_on_the_host(loops: list[str]) -> None:
