@@ -11,6 +11,13 @@ space, backslash and control bytes escaped as ``\\ooo`` (as in
     probe ready paths=N mounts=M
     probe exit signal=terminated
 
+``probe use KIND:PATH...`` prints, after the same ``probe start`` line, one
+``use`` record per device it really used, then ``probe ready uses=N``::
+
+    use kind=kvm path=/dev/kvm open=ok api=12 vm=created
+    use kind=loop path=/dev/loop3 open=ok attached=ok readback=ok detached=ok
+    use kind=fuse path=/dev/fuse open=EPERM
+
 Tests, the demo and the benchmarks read it through the pod log API, so what
 they check is what the container itself saw.
 """
@@ -123,6 +130,68 @@ def parse_report(text: str) -> Report:
     return report
 
 
+@dataclass(frozen=True)
+class Use:
+    """One ``use`` record: what using one device in the container gave, step by step.
+
+    ``steps`` holds every field after ``kind`` and ``path`` in order (``open``, ``api``,
+    ``vm``, ``ifname``, ``sysfs``, ``attached``, ``readback``, ``detached``, ``error``);
+    a failed step holds the errno's name (``EPERM``) and is the record's last.
+    """
+
+    kind: str
+    path: str
+    steps: dict[str, str]
+
+    def get(self, step: str) -> str:
+        return self.steps.get(step, "")
+
+    @property
+    def opened(self) -> bool:
+        return self.get("open") == "ok"
+
+    def text(self) -> str:
+        """The record as the probe printed it (unescaped), for messages."""
+        steps = " ".join(f"{k}={v}" for k, v in self.steps.items())
+        return f"use kind={self.kind} path={self.path} {steps}".rstrip()
+
+
+def parse_uses(text: str) -> list[Use] | None:
+    """The ``use`` records of the first complete ``probe use`` run in ``text``.
+
+    None until its ``probe ready`` line is there (the container is still working, or
+    printed something else).
+    """
+    uses: list[Use] = []
+    for line in text.splitlines():
+        kind, _, rest = line.partition(" ")
+        tokens = rest.split(" ")
+        if kind == "probe" and tokens[0] == "start":
+            uses = []
+        elif kind == "probe" and tokens[0] == "ready" and tokens[1:2] == [f"uses={len(uses)}"]:
+            return uses
+        elif kind == "use":
+            f = _fields(tokens)
+            device, path = f.pop("kind", ""), f.pop("path", "")
+            uses.append(Use(kind=device, path=path, steps=f))
+    return None
+
+
+def read_uses(api: AdminAPI, namespace: str, pod: str, container: str, timeout: float) -> list[Use]:
+    """Wait until ``container`` has printed all its ``use`` records; read them through the
+    pod log API (a 400 until the container runs means "not yet")."""
+
+    def ready() -> list[Use] | None:
+        return parse_uses(api.pod_log(namespace, pod, container))
+
+    return wait_until(
+        f"the probe's use records of {namespace}/{pod}/{container}",
+        ready,
+        timeout,
+        ignore=(KubeAPIError,),
+    )
+
+
 def read_report(api: AdminAPI, namespace: str, pod: str, container: str, timeout: float) -> Report:
     """Wait until ``container`` has printed a whole report; read it through the pod log API.
 
@@ -138,4 +207,14 @@ def read_report(api: AdminAPI, namespace: str, pod: str, container: str, timeout
     )
 
 
-__all__ = ["MountEntry", "PathEntry", "Report", "parse_report", "read_report", "unescape"]
+__all__ = [
+    "MountEntry",
+    "PathEntry",
+    "Report",
+    "Use",
+    "parse_report",
+    "parse_uses",
+    "read_report",
+    "read_uses",
+    "unescape",
+]

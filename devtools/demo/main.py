@@ -11,7 +11,9 @@ fake one what the CDI specs the plugin wrote would give it. Then it deletes the
 pods, showing the devices being released. Then dradriver-controller joins
 (:mod:`devtools.demo.controller`): an immediate claim, a network-attached device
 with its binding condition, and ``dradriver explain`` of a claim that cannot be
-allocated. Finally it stops what it started.
+allocated. On the real runtime, where the host has /dev/kvm, a pod then asks for
+/dev/kvm through a claim and creates a VM, while the same pod without the claim
+cannot open it (:mod:`devtools.demo.hostdevices`). Finally it stops what it started.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from devtools.cluster.kubeletstate import device_plugin_devices, kubelet_cdi_ids
 from devtools.cluster.local import LocalCluster, running_cluster
 from devtools.cluster.wait import wait_until
 from devtools.demo.controller import run_controller_demo
+from devtools.demo.hostdevices import has_kvm, run_host_device_demo
 from devtools.harness.nodeplugin import (
     NodePlugin,
     start_node_plugin,
@@ -107,7 +110,11 @@ def run_demo(
         work = Path(tempfile.mkdtemp(prefix="dradriver-demo-"))
         try:
             with cluster.api() as api:
-                return _scenario(cluster, api, timeline, work, timeout)
+                code = _scenario(cluster, api, timeline, work, timeout)
+                if code == 0 and cluster.layout.node(1).runtime == "real" and has_kvm():
+                    print("\nHost devices: /dev/kvm through a claim\n", flush=True)
+                    code = run_host_device_demo(cluster, api, timeline.say, work / "host", timeout)
+                return code
         finally:
             shutil.rmtree(work, ignore_errors=True)
 

@@ -1,9 +1,12 @@
 // Command probe is a tiny static program for containers in the local test
-// cluster. It has two modes:
+// cluster. It has three modes:
 //
 //	probe [pause]            the pod sandbox's pause process: sleeps, reaps
 //	                         children on SIGCHLD, exits 0 on SIGTERM/SIGINT.
 //	probe report [PATH...]   prints what the container sees, then sleeps like
+//	                         pause until SIGTERM/SIGINT.
+//	probe use KIND:PATH...   really uses each device (see "Use records" below),
+//	                         prints one record per device, then sleeps like
 //	                         pause until SIGTERM/SIGINT.
 //
 // Report output is one record per line, fields separated by single spaces.
@@ -26,6 +29,39 @@
 // walked recursively without following symlinks; a PATH given on the command
 // line is reported the same way (recursively if it is a directory). A path
 // that cannot be read yields "path type=error ... name=PATH error=MESSAGE".
+//
+// # Use records
+//
+// "probe use" prints, with the same escaping:
+//
+//	probe start pid=1 ppid=0 uid=0 gid=0 hostname=NAME
+//	use kind=kvm path=/dev/kvm open=ok api=12 vm=created
+//	use kind=fuse path=/dev/fuse open=ok
+//	use kind=tun path=/dev/net/tun open=ok ifname=dratun0 sysfs=present
+//	use kind=loop path=/dev/loop3 open=ok attached=ok readback=ok detached=ok
+//	probe ready uses=N
+//	probe exit signal=terminated
+//
+// one "use" record per KIND:PATH argument, in order. A step that fails gives
+// the errno's name (open=EPERM, vm=EPERM, ifname=EPERM, attached=EBUSY, ...)
+// and ends that device's record; a failed open is what a container without
+// the device in its device cgroup sees. What each kind does:
+//
+//	kvm   open O_RDWR; KVM_GET_API_VERSION (api=the version); KVM_CREATE_VM
+//	      with type 0 (vm=created), then closes the VM.
+//	fuse  open O_RDWR.
+//	tun   open O_RDWR; TUNSETIFF for IFF_TUN|IFF_NO_PI named dratun<i>, i the
+//	      argument's index (ifname=the name the kernel gave); sysfs=present if
+//	      /sys/class/net/<name> exists (the container's own network namespace),
+//	      else absent. The fd stays open until exit, so the interface lives as
+//	      long as the container (and only in its network namespace).
+//	loop  writes a file of its own under /tmp (a known pattern), LOOP_SET_FD
+//	      on the device (attached=ok; EBUSY means another user has it, and the
+//	      probe never forces it), reads the pattern back through the device
+//	      (readback=ok, or mismatch), then LOOP_CLR_FD (detached=ok) and
+//	      removes the file.
+//
+// An unknown kind gives "use kind=KIND path=PATH error=unknown\040kind".
 package main
 
 import (
@@ -56,10 +92,24 @@ func main() {
 		signals := notify()
 		report(out, args)
 		os.Exit(sleepUntilSignal(signals, out))
+	case "use":
+		targets, err := parseTargets(args)
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "probe: %v\n", err)
+			os.Exit(2)
+		}
+		out := &lineWriter{f: os.Stdout}
+		signals := notify()
+		keep := use(out, targets)
+		code := sleepUntilSignal(signals, out)
+		for _, f := range keep {
+			_ = f.Close()
+		}
+		os.Exit(code)
 	case "-h", "--help", "help":
-		fmt.Println("usage: probe [pause] | probe report [PATH...]")
+		fmt.Println("usage: probe [pause] | probe report [PATH...] | probe use KIND:PATH...")
 	default:
-		fmt.Fprintf(os.Stderr, "probe: unknown mode %q (want pause or report)\n", mode)
+		fmt.Fprintf(os.Stderr, "probe: unknown mode %q (want pause, report or use)\n", mode)
 		os.Exit(2)
 	}
 }
@@ -123,12 +173,16 @@ func escape(s string) string {
 	return b.String()
 }
 
-func report(out *lineWriter, paths []string) {
+func start(out *lineWriter) {
 	hostname, _ := os.Hostname()
 	out.line("probe", "start",
 		"pid="+strconv.Itoa(os.Getpid()), "ppid="+strconv.Itoa(os.Getppid()),
 		"uid="+strconv.Itoa(os.Getuid()), "gid="+strconv.Itoa(os.Getgid()),
 		"hostname="+escape(hostname))
+}
+
+func report(out *lineWriter, paths []string) {
+	start(out)
 
 	env := os.Environ()
 	sort.Strings(env)
