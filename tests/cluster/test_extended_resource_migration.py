@@ -33,6 +33,7 @@ from devtools.harness.nodeplugin import NodePlugin, node_slices, start_node_plug
 from dradriver.k8s.objects import Obj
 from dradriver.k8s.paths import RESOURCE_V1, path_for
 from kubeletplugin.extendedresources import DEVICE_PLUGIN, DRA
+from tests.cluster.conftest import Recorder
 from tests.cluster.test_deviceplugin import (
     DEADLINE,
     NODE,
@@ -130,14 +131,17 @@ def started_by(plugin: NodePlugin) -> str:
     raise AssertionError(f"no start-up line with extended_resources_by in {plugin.log_path}")
 
 
+@pytest.mark.compat("host-extended-resource")
 def test_one_pod_spec_runs_and_the_expected_path_serves_it(
     migrated: tuple[NodePlugin, str],
     api: AdminAPI,
     local_cluster: LocalCluster,
     namespace: str,
+    matrix_notes: Recorder,
 ) -> None:
     plugin, expected = migrated
     assert started_by(plugin) == expected
+    matrix_notes.note("host-extended-resource", f"served by {expected}")
     if expected == DEVICE_PLUGIN:
         wait_until(
             f"{SHARE} {RESOURCE} allocatable",
