@@ -28,8 +28,10 @@ a sync right after a write does not act on a cache that has not seen it yet.
 :meth:`SlicePublisher.run` is the loop for a process that has no controller of its own
 (the kubelet plugin): a work queue of pool names fed by :meth:`~SlicePublisher.set_pool`,
 by cache events for managed slices (the kubelet deletes a node's slices at its start and
-30 s after losing the plugin) and by a periodic resync; at most one sync per pool per
-``min_interval``; failures retried with per-pool exponential backoff. The controller
+30 s after losing the plugin) and by a periodic resync; at most one writing sync per pool
+per ``min_interval`` (a sync that writes nothing, such as the one the cache's echo of our
+own write triggers, does not delay the next change); failures retried with per-pool
+exponential backoff. The controller
 calls :meth:`~SlicePublisher.sync` from its own reconciler instead.
 """
 
@@ -259,7 +261,7 @@ class SlicePublisher:
         self._stored: dict[str, tuple[Obj, Obj]] = {}
         self._node_uids: dict[str, str] = {}
         self._queue: WorkQueue[str] | None = None
-        self._last_sync: dict[str, float] = {}
+        self._last_write: dict[str, float] = {}  # pool -> when a sync last wrote or failed
         slices.add_handler(
             on_add=self._observed,
             on_update=lambda old, new: self._observed(new),
@@ -439,7 +441,7 @@ class SlicePublisher:
         queue = self._queue
         if queue is None or not pool:
             return  # not running: run() queues every pool when it starts
-        last = self._last_sync.get(pool)
+        last = self._last_write.get(pool)
         wait = 0.0 if last is None else last + self.min_interval - time.monotonic()
         queue.add_after(pool, wait)  # rate limit: coalesce bursts of triggers
 
@@ -471,13 +473,15 @@ class SlicePublisher:
                     raise
                 except Exception as e:  # never let the publisher die; retry with backoff
                     on_error(e, f"publishing the ResourceSlices of pool {name}")
+                    self._last_write[name] = time.monotonic()
                     queue.add_rate_limited(name)
                 else:
+                    if result.writes:
+                        self._last_write[name] = time.monotonic()
                     queue.forget(name)
                     for report in result.dropped:
                         on_error(DroppedFieldsError(report), "publishing ResourceSlices")
                 finally:
-                    self._last_sync[name] = time.monotonic()
                     queue.done(name)
         finally:
             self._queue = None

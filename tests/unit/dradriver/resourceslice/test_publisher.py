@@ -19,6 +19,7 @@ from dradriver.devices.model import Device
 from dradriver.k8s.errors import KubeAPIError
 from dradriver.k8s.objects import Obj
 from dradriver.k8s.paths import RESOURCE_V1, path_for
+from dradriver.resourceslice import publisher as publisher_module
 from dradriver.resourceslice.pool import SlicePool, node_pool
 from dradriver.resourceslice.publisher import (
     SlicePublisher,
@@ -379,3 +380,63 @@ def test_run_retries_a_failed_sync_and_republishes_deleted_slices() -> None:
 
     asyncio.run(scenario())
     assert {s["spec"]["pool"]["generation"] for s in world.slices().values()} == {2}
+
+
+class _Clock:
+    """The publisher's clock (``time.monotonic``), moved by the test: a fake, because the
+    case needs more than ``min_interval`` to pass between two syncs, and waiting for it would
+    be a sleep."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+
+def test_a_sync_that_writes_nothing_does_not_delay_the_next_change(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A sync that writes nothing (the cache's echo of our own write, a resync) does not
+    restart the rate limit: a change after it is written at once if the last write is
+    ``min_interval`` old (a hot-plugged device), not ``min_interval`` after the no-op."""
+    clock = _Clock()
+    monkeypatch.setattr(publisher_module, "time", clock)
+    world = World(FLAVOURS[0])
+    interval = 1.0
+    publisher = SlicePublisher(
+        world.api, DRIVER, world.cache, node=NODE, min_interval=interval, resync_period=0.05
+    )
+    publisher.set_pool(_node_pool(4))
+    sync = publisher.sync
+    idle: list[asyncio.Event] = []
+
+    async def counted(pool_name: str) -> SyncResult:
+        result = await sync(pool_name)
+        if result.writes == 0 and world.slices() and idle:
+            idle[-1].set()
+        return result
+
+    publisher.sync = counted  # type: ignore[method-assign]
+
+    async def scenario() -> float:
+        task = asyncio.create_task(publisher.run(lambda e, _: None))
+        try:
+            idle.append(asyncio.Event())
+            await asyncio.wait_for(idle[-1].wait(), 30)  # written, then a sync with no write
+            clock.now += 5 * interval  # the write is old now
+            idle.append(asyncio.Event())
+            await asyncio.wait_for(idle[-1].wait(), 30)  # a resync since: it wrote nothing
+            written = asyncio.Event()
+            world.cache.add_handler(on_update=lambda *_: written.set())
+            changed = asyncio.get_running_loop().time()
+            publisher.set_pool(_node_pool(4, changed="d-001"))
+            await asyncio.wait_for(written.wait(), 30)
+            return asyncio.get_running_loop().time() - changed
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    delay = asyncio.run(scenario())
+    assert delay < interval / 2, f"the change waited {delay:.2f} s behind a sync that wrote nothing"
