@@ -42,6 +42,7 @@ from devtools.cluster.process import ManagedProcess, ProcessDied, log_tail
 from devtools.cluster.wait import wait_until
 from devtools.paths import REPO
 from dradriver.k8s.errors import KubeAPIError
+from dradriver.k8s.http import TransportError
 from dradriver.k8s.objects import Obj
 from dradriver.k8s.paths import RESOURCE_V1, path_for
 from dradriver.kubeletapi.gen import (
@@ -420,7 +421,7 @@ def bench_namespace(api: AdminAPI) -> str:
 
 
 def delete_namespace(api: AdminAPI, name: str) -> None:
-    with contextlib.suppress(KubeAPIError, httpx.HTTPError):
+    with contextlib.suppress(KubeAPIError, TransportError):
         api.delete(path_for("v1", "namespaces", name=name))
 
 
@@ -503,7 +504,7 @@ def create_fake_node(api: AdminAPI, name: str) -> None:
 
 
 def delete_node(api: AdminAPI, name: str) -> None:
-    with contextlib.suppress(KubeAPIError, httpx.HTTPError):
+    with contextlib.suppress(KubeAPIError, TransportError):
         api.delete(path_for("v1", "nodes", name=name))
 
 

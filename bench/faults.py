@@ -81,6 +81,7 @@ from dradriver.api.wellknown import ALLOCATION_ANNOTATION, STATUS_ANNOTATION
 from dradriver.deviceplugin.endpoints import socket_name
 from dradriver.host.cdi import CDIRegistry
 from dradriver.k8s.errors import KubeAPIError
+from dradriver.k8s.http import TransportError
 from dradriver.k8s.objects import Obj
 from dradriver.k8s.paths import RESOURCE_V1, path_for
 from dradriver.kubeletapi.gen import deviceplugin_v1beta1_pb2 as dp
@@ -667,7 +668,7 @@ class Background:
             try:
                 api.create(path_for(R, "resourceclaims", self.namespace), obj)
                 self.others.append((sent, True))
-            except (KubeAPIError, httpx.HTTPError):
+            except (KubeAPIError, TransportError):
                 self.others.append((sent, False))
             self.stop.wait(OTHER_PACE)
 
@@ -810,7 +811,7 @@ def hostile_claims(
 def apiserver_answers(api: AdminAPI) -> bool:
     try:
         api.get(path_for("v1", "namespaces", name="default"))
-    except (KubeAPIError, httpx.HTTPError):
+    except (KubeAPIError, TransportError):
         return False
     return True
 
