@@ -6,9 +6,10 @@ Invariants:
   held: a ``Content-Length`` over the limit is answered before any of the body is read,
   and a body without a length (chunked) is counted as the app reads it and cut off at the
   first chunk that crosses the limit.
-* The answer is ``413 Payload Too Large`` (text naming the limit) with
-  ``Connection: close``: the server stops reading that connection rather than
-  draining the rest of the body.
+* The answer is ``413 Payload Too Large`` (text naming the limit). The connection is not
+  closed at once (that resets it, and a client still sending loses the answer): the
+  server discards, never keeps, what the client still sends until it stops or the
+  keep-alive timeout (uvicorn's 5 s) closes the connection.
 * Only HTTP requests are looked at; a response the app already started is never
   replaced (the app read the body after answering: the error propagates as usual).
 
@@ -92,7 +93,6 @@ class BodyLimit:
         headers: list[tuple[bytes, Any]] = [
             (b"content-type", b"text/plain; charset=utf-8"),
             (b"content-length", str(len(text)).encode()),
-            (b"connection", b"close"),
         ]
         await send({"type": "http.response.start", "status": 413, "headers": headers})
         await send({"type": "http.response.body", "body": text})
