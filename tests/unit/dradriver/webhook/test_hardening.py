@@ -10,13 +10,13 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
+from bench import webhook as hostile
+from bench.webhook import MIB, claim, review, selector
 from devtools.cluster.pki import CertificateAuthority, CertPair
 from devtools.harness.webhook import issue_serving_cert
 from dradriver.webhook.app import build_app
 from dradriver.webhook.pool import Busy, Lane, PoolLimits
 from dradriver.webhook.validation import Settings, validate
-from tests.unit.dradriver.webhook import hostile
-from tests.unit.dradriver.webhook.hostile import MIB, claim, review, selector
 
 
 @pytest.fixture

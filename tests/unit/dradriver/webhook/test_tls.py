@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
+from bench import webhook as hostile
 from devtools.cluster.pki import CertificateAuthority, CertPair
 from devtools.harness.webhook import issue_serving_cert
 from dradriver.webhook.app import build_app
 from dradriver.webhook.tls import server_context
-from tests.unit.dradriver.webhook import hostile
 
 
 @pytest.fixture
