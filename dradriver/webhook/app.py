@@ -33,7 +33,7 @@ from dradriver.log import get_logger
 from dradriver.metrics import CONTENT_TYPE, Counter, Histogram, Registry
 from dradriver.webhook import review
 from dradriver.webhook.bodylimit import DEFAULT_MAX_BODY_BYTES, BodyLimit
-from dradriver.webhook.pool import Busy, PoolLimits, ValidationPool
+from dradriver.webhook.pool import PoolLimits, Refused, ValidationPool
 from dradriver.webhook.validation import KINDS, Settings, Verdict
 
 log = get_logger("webhook")
@@ -141,10 +141,6 @@ def build_app(
         started = time.perf_counter()
         try:
             verdict = await pool.validate(admission, len(body))
-        except Busy as e:
-            log.warning("review not validated", **meta, reason=str(e))
-            metrics.count(ERROR_KIND, operation, "error")
-            return _answer(review.encode(uid, False, TOO_MANY_REQUESTS, "TooManyRequests", str(e)))
         except Exception as e:  # never a 500: the apiserver would show a vaguer error
             log.exception("validation failed", **meta)
             metrics.count(ERROR_KIND, operation, "error")
@@ -152,6 +148,12 @@ def build_app(
             return _answer_verdict(uid, Verdict(False, (problem,)))
         finally:
             metrics.duration.observe(time.perf_counter() - started)
+        if isinstance(verdict, Refused):
+            log.warning("review not validated", **meta, reason=verdict.message)
+            metrics.count(ERROR_KIND, operation, "error")
+            return _answer(
+                review.encode(uid, False, TOO_MANY_REQUESTS, "TooManyRequests", verdict.message)
+            )
         outcome = "allowed" if verdict.allowed else "denied"
         metrics.count(verdict.kind or OTHER, operation, outcome)
         if verdict.allowed:

@@ -24,12 +24,12 @@ from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-__all__ = ["DEFAULT_MAX_BODY_BYTES", "BodyLimit", "BodyTooLarge"]
+__all__ = ["DEFAULT_MAX_BODY_BYTES", "BodyLimit"]
 
 DEFAULT_MAX_BODY_BYTES = 3 * 1024 * 1024
 
 
-class BodyTooLarge(Exception):
+class _BodyTooLarge(Exception):
     """The body being read crossed the limit (raised from ``receive``)."""
 
 
@@ -69,7 +69,7 @@ class BodyLimit:
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
                 if received > self.limit:
-                    raise BodyTooLarge(f"request body over {self.limit} bytes")
+                    raise _BodyTooLarge(f"request body over {self.limit} bytes")
             return message
 
         async def tracking_send(message: Message) -> None:
@@ -80,7 +80,7 @@ class BodyLimit:
 
         try:
             await self.app(scope, counting_receive, tracking_send)
-        except BodyTooLarge:
+        except _BodyTooLarge:
             if started:
                 raise
             await self._refuse(send)

@@ -14,9 +14,9 @@ Invariants:
     in a child it costs this process only the pickling of the request.
 
 * Each lane admits at most ``workers + queue`` reviews at a time; one more is refused at
-  once with :class:`Busy`, never queued without bound.
+  once (:class:`Refused`, saying why), never queued without bound.
 * A review not validated within ``timeout`` seconds (under the apiserver's 10 s) is
-  refused with :class:`Busy`; its slot is freed only when its work ends, so the bound on
+  :class:`Refused`; its slot is freed only when its work ends, so the bound on
   work in progress holds whatever the clients do.
 * A child that dies breaks the process pool: the reviews it held fail with the error, and
   the next large review gets a new pool.
@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from dradriver.k8s.objects import Obj
 from dradriver.webhook.validation import Settings, Verdict, validate
 
-__all__ = ["Busy", "Lane", "PoolLimits", "ValidationPool"]
+__all__ = ["Lane", "PoolLimits", "Refused", "ValidationPool"]
 
 
 @dataclass(frozen=True)
@@ -48,8 +48,11 @@ class PoolLimits:
     timeout: float = 8.0
 
 
-class Busy(Exception):
+@dataclass(frozen=True)
+class Refused:
     """The review was not validated: its lane is full, or it took too long."""
+
+    message: str
 
 
 class Lane:
@@ -72,10 +75,10 @@ class Lane:
         with self._lock:
             self.in_flight -= 1
 
-    async def run(self, settings: Settings, request: Obj) -> Verdict:
+    async def run(self, settings: Settings, request: Obj) -> Verdict | Refused:
         with self._lock:
             if self.in_flight >= self.capacity:
-                raise Busy(
+                return Refused(
                     f"the webhook is already validating {self.capacity} {self.name} objects; "
                     "retry shortly"
                 )
@@ -93,9 +96,9 @@ class Lane:
             async with asyncio.timeout(self.deadline):
                 return await asyncio.shield(asyncio.wrap_future(future))
         except TimeoutError:
-            raise Busy(
+            return Refused(
                 f"validating this {self.name} object took longer than {self.deadline:g} s"
-            ) from None
+            )
         except BrokenProcessPool:
             with self._lock:
                 if self._executor is executor:
@@ -137,9 +140,9 @@ class ValidationPool:
     def lane(self, body_size: int) -> Lane:
         return self.small if body_size <= self.limits.small_body_bytes else self.large
 
-    async def validate(self, request: Obj, body_size: int) -> Verdict:
-        """The verdict on ``request`` (whose body had ``body_size`` bytes); raises
-        :class:`Busy`, or what validation raised."""
+    async def validate(self, request: Obj, body_size: int) -> Verdict | Refused:
+        """The verdict on ``request`` (whose body had ``body_size`` bytes), or why it was
+        not validated; raises what validation raised."""
         return await self.lane(body_size).run(self.settings, request)
 
     def close(self) -> None:

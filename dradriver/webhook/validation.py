@@ -104,7 +104,7 @@ def selector_problem(expression: str) -> str | None:
     return validate_selector(expression)
 
 
-class OverBudget(Exception):
+class _OverBudget(Exception):
     """A review holds more CEL than :class:`Budget` allows; ``error`` names where."""
 
     def __init__(self, error: FieldError) -> None:
@@ -115,7 +115,7 @@ class OverBudget(Exception):
 class Budget:
     """The CEL one review may compile: charged before each compile, never refunded.
 
-    :meth:`charge` raises :class:`OverBudget` at the first selector that would cross
+    :meth:`charge` raises ``_OverBudget`` at the first selector that would cross
     either limit, so the work done for one review is bounded by the limits whatever the
     object holds."""
 
@@ -127,7 +127,7 @@ class Budget:
         self.selectors += 1
         self.bytes += len(expression.encode("utf-8", "surrogatepass"))
         if self.selectors > self.max_selectors:
-            raise OverBudget(
+            raise _OverBudget(
                 FieldError(
                     where,
                     f"more than {self.max_selectors} CEL selectors in one object; this "
@@ -136,7 +136,7 @@ class Budget:
                 )
             )
         if self.bytes > self.max_bytes:
-            raise OverBudget(
+            raise _OverBudget(
                 FieldError(
                     where,
                     f"the object's CEL selectors total more than {self.max_bytes} bytes up "
@@ -316,6 +316,6 @@ def validate(settings: Settings, request: Obj) -> Verdict:
         else:
             spec = _dict(obj.get("spec")).get("spec")
             errors = claim_spec_errors(settings, spec, "spec.spec", budget)
-    except OverBudget as e:
+    except _OverBudget as e:
         return Verdict(False, (e.error,), kind)
     return Verdict(not errors, tuple(errors), kind)

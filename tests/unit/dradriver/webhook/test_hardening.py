@@ -15,7 +15,7 @@ from bench.webhook import MIB, claim, review, selector
 from devtools.cluster.pki import CertificateAuthority, CertPair
 from devtools.harness.webhook import issue_serving_cert
 from dradriver.webhook.app import build_app
-from dradriver.webhook.pool import Busy, Lane, PoolLimits
+from dradriver.webhook.pool import Lane, PoolLimits, Refused
 from dradriver.webhook.validation import Settings, validate
 
 
@@ -115,11 +115,11 @@ def test_a_lane_refuses_over_capacity_and_past_its_deadline() -> None:
         slow = _request(claim([selector(f"deadline-{i}") for i in range(6)]))
         lane = Lane("test", 1, 0.01, lambda: ThreadPoolExecutor(1))
         try:
-            with pytest.raises(Busy, match=r"took longer than 0\.01 s"):
-                await lane.run(Settings(), slow)
+            late = await lane.run(Settings(), slow)
+            assert late == Refused("validating this test object took longer than 0.01 s")
             assert lane.in_flight == 1  # the slot is held until the work ends
-            with pytest.raises(Busy, match="already validating 1 test objects"):
-                await lane.run(Settings(), slow)
+            full = await lane.run(Settings(), slow)
+            assert isinstance(full, Refused) and "already validating 1 test objects" in full.message
             await hostile.wait_for(lambda: lane.in_flight == 0)
         finally:
             lane.close()
