@@ -8,6 +8,14 @@ well-formed AdmissionReview is denied with ``status.code`` 400, ``reason: BadReq
 message naming what is malformed. An internal error denies too (the same outcome as the
 ``failurePolicy: Fail`` the manifests use) and is logged with its traceback.
 
+Hostile clients (the port is reachable by any pod, without authentication): a body over
+``max_body_bytes`` gets a plain HTTP 413 before it is buffered
+(:mod:`~dradriver.webhook.bodylimit`); validation runs off the event loop in bounded lanes
+(:mod:`~dradriver.webhook.pool`), and a review its lane cannot take (full, or too slow) is
+denied with ``status.code`` 429, ``reason: TooManyRequests``, and a message saying so.
+The app's ``state.pool`` is the :class:`~dradriver.webhook.pool.ValidationPool`; whoever
+serves the app closes it when done (:class:`~dradriver.webhook.server.WebhookServer` does).
+
 Metrics labels take values from fixed sets only (anything else counts as ``other``):
 the port may be reachable by anyone, and each new label value would be a time series kept
 forever.
@@ -24,7 +32,9 @@ from dradriver.errors import FieldError
 from dradriver.log import get_logger
 from dradriver.metrics import CONTENT_TYPE, Counter, Histogram, Registry
 from dradriver.webhook import review
-from dradriver.webhook.validation import KINDS, Settings, Verdict, validate
+from dradriver.webhook.bodylimit import DEFAULT_MAX_BODY_BYTES, BodyLimit
+from dradriver.webhook.pool import PoolLimits, Refused, ValidationPool
+from dradriver.webhook.validation import KINDS, Settings, Verdict
 
 log = get_logger("webhook")
 
@@ -32,6 +42,7 @@ OPERATIONS = ("CREATE", "UPDATE", "DELETE", "CONNECT")
 """``request.operation`` values of admission.k8s.io/v1."""
 OUTCOMES = ("allowed", "denied", "error", "malformed")
 OTHER = "other"
+TOO_MANY_REQUESTS = 429
 ERROR_KIND = "error"  # the kind label of a review whose validation raised
 
 
@@ -77,12 +88,18 @@ def build_app(
     settings: Settings | None = None,
     registry: Registry | None = None,
     ready: Callable[[], tuple[bool, str]] | None = None,
+    *,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    pool_limits: PoolLimits | None = None,
 ) -> FastAPI:
     """``ready()`` returns (ready?, reason); by default the webhook is ready while it serves."""
     settings = settings or Settings()
     registry = registry or Registry()
     metrics = WebhookMetrics(registry)
     app = FastAPI(title="dradriver-webhook", docs_url=None, redoc_url=None, openapi_url=None)
+    app.add_middleware(BodyLimit, limit=max_body_bytes)
+    pool = ValidationPool(settings, pool_limits)
+    app.state.pool = pool
 
     @app.get("/healthz")
     async def healthz() -> Response:
@@ -103,7 +120,8 @@ def build_app(
 
     @app.post("/validate")
     async def validate_endpoint(request: Request) -> Response:
-        decoded = review.decode(await request.body())
+        body = await request.body()
+        decoded = review.decode(body)
         if isinstance(decoded, review.Malformed):
             metrics.count(OTHER, OTHER, "malformed")
             log.info("malformed review denied", uid=decoded.uid, reason=decoded.message)
@@ -122,7 +140,7 @@ def build_app(
         }
         started = time.perf_counter()
         try:
-            verdict = validate(settings, admission)
+            verdict = await pool.validate(admission, len(body))
         except Exception as e:  # never a 500: the apiserver would show a vaguer error
             log.exception("validation failed", **meta)
             metrics.count(ERROR_KIND, operation, "error")
@@ -130,6 +148,12 @@ def build_app(
             return _answer_verdict(uid, Verdict(False, (problem,)))
         finally:
             metrics.duration.observe(time.perf_counter() - started)
+        if isinstance(verdict, Refused):
+            log.warning("review not validated", **meta, reason=verdict.message)
+            metrics.count(ERROR_KIND, operation, "error")
+            return _answer(
+                review.encode(uid, False, TOO_MANY_REQUESTS, "TooManyRequests", verdict.message)
+            )
         outcome = "allowed" if verdict.allowed else "denied"
         metrics.count(verdict.kind or OTHER, operation, outcome)
         if verdict.allowed:

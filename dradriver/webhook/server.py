@@ -2,9 +2,12 @@
 
     dradriver-webhook --cert tls.crt --key tls.key [--address :8443]
                       [--driver-name dradriver.dev] [--device-class NAME ...]
+                      [--max-body-bytes N] [--max-selectors N] [--max-selector-bytes N]
 
 The same port serves ``POST /validate``, ``/healthz``, ``/readyz`` and
 ``/metrics``. SIGTERM and SIGINT stop it gracefully (in-flight reviews finish).
+The certificate and key are re-read when their files change
+(:class:`~dradriver.webhook.tls.ReloadingCertificate`).
 """
 
 from __future__ import annotations
@@ -13,8 +16,10 @@ import argparse
 import asyncio
 import os
 import signal
+import ssl
 import sys
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import uvicorn
@@ -24,19 +29,32 @@ from dradriver import DEFAULT_DRIVER_NAME
 from dradriver.httpserver import parse_address
 from dradriver.log import configure, get_logger
 from dradriver.webhook.app import build_app
-from dradriver.webhook.validation import Settings
+from dradriver.webhook.bodylimit import DEFAULT_MAX_BODY_BYTES
+from dradriver.webhook.pool import ValidationPool
+from dradriver.webhook.tls import ReloadingCertificate
+from dradriver.webhook.validation import (
+    DEFAULT_MAX_SELECTOR_BYTES,
+    DEFAULT_MAX_SELECTORS,
+    Settings,
+)
 
 log = get_logger("webhook")
 
 
 class WebhookServer:
-    """Runs ``app`` over TLS until stopped; ``port`` is the bound port (useful with port 0)."""
+    """Runs ``app`` over TLS until stopped; ``port`` is the bound port (useful with port 0).
+
+    The certificate is re-read on change (:attr:`certificate`); :meth:`stop` also stops the
+    app's validation workers (``app.state.pool``, see :func:`~dradriver.webhook.app.
+    build_app`)."""
 
     def __init__(self, app: FastAPI, address: str, cert: Path, key: Path) -> None:
         host, port = parse_address(address)
         for path in (cert, key):
             if not path.is_file():
                 raise FileNotFoundError(f"{path} does not exist or is not a file")
+        self.app = app
+        self.certificate = ReloadingCertificate(cert, key)
         self._server = uvicorn.Server(
             uvicorn.Config(
                 app,
@@ -44,6 +62,7 @@ class WebhookServer:
                 port=port,
                 ssl_certfile=str(cert),
                 ssl_keyfile=str(key),
+                ssl_context_factory=lambda _config, _default: self.certificate.context,
                 log_level="warning",
                 access_log=False,
                 lifespan="off",
@@ -71,7 +90,12 @@ class WebhookServer:
 
     async def stop(self) -> None:
         self._server.should_exit = True
-        await self.wait()
+        try:
+            await self.wait()
+        finally:
+            pool = getattr(self.app.state, "pool", None)
+            if isinstance(pool, ValidationPool):
+                pool.close()
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -111,8 +135,26 @@ def build_parser() -> argparse.ArgumentParser:
         "(repeatable; default: the classes the driver's manifests install, DRIVER and "
         "DRIVER-mock-extended-resource)",
     )
+    for flag, default, what in (
+        ("--max-body-bytes", DEFAULT_MAX_BODY_BYTES, "larger request bodies get HTTP 413"),
+        ("--max-selectors", DEFAULT_MAX_SELECTORS, "CEL selectors compiled per review"),
+        ("--max-selector-bytes", DEFAULT_MAX_SELECTOR_BYTES, "CEL text compiled per review"),
+    ):
+        parser.add_argument(
+            flag, type=_positive, default=default, help=f"{what} (default: %(default)s)"
+        )
     parser.add_argument("--log-level", default="info", help="default: %(default)s")
     return parser
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive whole number, got {text!r}")
+    return value
 
 
 async def serve(server: WebhookServer) -> None:
@@ -137,12 +179,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("--cert and --key are required (the apiserver only calls webhooks over TLS)")
     configure(args.log_level)
     settings = Settings.for_driver(args.driver_name, args.device_class)
+    settings = replace(
+        settings, max_selectors=args.max_selectors, max_selector_bytes=args.max_selector_bytes
+    )
     classes = settings.device_classes
-    app = build_app(settings)
+    app = build_app(settings, max_body_bytes=args.max_body_bytes)
     try:
         server = WebhookServer(app, args.address, args.cert, args.key)
-    except (ValueError, FileNotFoundError) as e:
-        parser.error(str(e))
+    except (ValueError, OSError, ssl.SSLError) as e:
+        parser.error(f"--cert/--key: {e}")
     log.info(
         "starting",
         address=args.address,

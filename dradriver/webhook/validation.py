@@ -21,6 +21,13 @@ path of that part in the admitted object. An UPDATE that leaves the validated pa
 unchanged is always admitted, so metadata changes (finalizers, labels) on objects
 created before the webhook existed are never blocked. A reference to a parameters
 object that does not exist is admitted: the controller reports it on the claim.
+
+Cost: compiling CEL is what costs (tens of ms for a selector of 10 KiB; the rest of a
+review takes well under that), so one review compiles at most
+``Settings.max_selectors`` selectors of ``Settings.max_selector_bytes`` in total
+(:class:`Budget`). Kubernetes allows more (32 requests of 32 selectors of 10 KiB), which no
+real claim comes near; a review over the budget is denied with a message naming the limit
+and the field where it was crossed.
 """
 
 from __future__ import annotations
@@ -43,6 +50,8 @@ CLAIM_KIND = "ResourceClaim"
 TEMPLATE_KIND = "ResourceClaimTemplate"
 KINDS = (params.KIND, net.KIND, CLAIM_KIND, TEMPLATE_KIND)
 """What this webhook validates (``Verdict.kind``); everything else is admitted untouched."""
+DEFAULT_MAX_SELECTORS = 128
+DEFAULT_MAX_SELECTOR_BYTES = 256 * 1024
 
 
 @dataclass(frozen=True)
@@ -54,6 +63,8 @@ class Settings:
 
     driver: str = DEFAULT_DRIVER_NAME
     device_classes: frozenset[str] = frozenset(device_classes(DEFAULT_DRIVER_NAME))
+    max_selectors: int = DEFAULT_MAX_SELECTORS
+    max_selector_bytes: int = DEFAULT_MAX_SELECTOR_BYTES
 
     @classmethod
     def for_driver(cls, driver: str, classes: Iterable[str] | None = None) -> Settings:
@@ -93,22 +104,73 @@ def selector_problem(expression: str) -> str | None:
     return validate_selector(expression)
 
 
-def _selector_errors(selectors: list[str], where: str) -> list[FieldError]:
+class _OverBudget(Exception):
+    """A review holds more CEL than :class:`Budget` allows; ``error`` names where."""
+
+    def __init__(self, error: FieldError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+class Budget:
+    """The CEL one review may compile: charged before each compile, never refunded.
+
+    :meth:`charge` raises ``_OverBudget`` at the first selector that would cross
+    either limit, so the work done for one review is bounded by the limits whatever the
+    object holds."""
+
+    def __init__(self, max_selectors: int, max_bytes: int) -> None:
+        self.max_selectors, self.max_bytes = max_selectors, max_bytes
+        self.selectors = self.bytes = 0
+
+    def charge(self, expression: str, where: str) -> None:
+        self.selectors += 1
+        self.bytes += len(expression.encode("utf-8", "surrogatepass"))
+        if self.selectors > self.max_selectors:
+            raise _OverBudget(
+                FieldError(
+                    where,
+                    f"more than {self.max_selectors} CEL selectors in one object; this "
+                    "webhook compiles at most that many per review: split the object or "
+                    "use fewer selectors",
+                )
+            )
+        if self.bytes > self.max_bytes:
+            raise _OverBudget(
+                FieldError(
+                    where,
+                    f"the object's CEL selectors total more than {self.max_bytes} bytes up "
+                    "to here; this webhook compiles at most that much per review: split "
+                    "the object or shorten the selectors",
+                )
+            )
+
+
+def _checked(expression: str, where: str, budget: Budget | None) -> FieldError | None:
+    if budget is not None:
+        budget.charge(expression, where)
+    problem = selector_problem(expression)
+    return None if problem is None else FieldError(where, problem)
+
+
+def _selector_errors(
+    selectors: list[str], where: str, budget: Budget | None = None
+) -> list[FieldError]:
     errors = []
     for index, expression in enumerate(selectors):
-        problem = selector_problem(expression)
-        if problem is not None:
-            errors.append(FieldError(f"{where}[{index}]", problem))
+        error = _checked(expression, f"{where}[{index}]", budget)
+        if error is not None:
+            errors.append(error)
     return errors
 
 
-def parameters_errors(obj: Obj) -> list[FieldError]:
+def parameters_errors(obj: Obj, budget: Budget | None = None) -> list[FieldError]:
     """What is wrong with a DeviceClaimParameters object (field paths from its root)."""
     try:
         spec = params.parse_spec(obj.get("spec"), "spec")
     except params.ParametersError as e:
         return list(e.field_errors)
-    return _selector_errors(list(spec.selectors), "spec.selectors")
+    return _selector_errors(list(spec.selectors), "spec.selectors", budget)
 
 
 def network_pool_errors(obj: Obj, driver: str) -> list[FieldError]:
@@ -134,14 +196,16 @@ def _own_domain_errors(driver: str, devices: Any) -> list[FieldError]:
     return errors
 
 
-def opaque_errors(driver: str, parameters: Any, where: str) -> list[FieldError]:
+def opaque_errors(
+    driver: str, parameters: Any, where: str, budget: Budget | None = None
+) -> list[FieldError]:
     """What is wrong with this driver's ``opaque.parameters`` found at ``where``."""
     try:
         parsed = params.parse_opaque(driver, parameters, "")
     except params.ParametersError as e:
         return list(under(where, e.field_errors))
     if isinstance(parsed, params.InlineParameters):
-        return _selector_errors(list(parsed.spec.selectors), f"{where}.spec.selectors")
+        return _selector_errors(list(parsed.spec.selectors), f"{where}.spec.selectors", budget)
     return []
 
 
@@ -153,7 +217,9 @@ def _list(value: Any) -> list[Any]:
     return value if isinstance(value, list) else []
 
 
-def _request_selector_errors(settings: Settings, request: Obj, where: str) -> list[FieldError]:
+def _request_selector_errors(
+    settings: Settings, request: Obj, where: str, budget: Budget | None
+) -> list[FieldError]:
     class_name = request.get("deviceClassName")
     if not isinstance(class_name, str) or class_name not in settings.device_classes:
         return []
@@ -161,9 +227,9 @@ def _request_selector_errors(settings: Settings, request: Obj, where: str) -> li
     for index, selector in enumerate(_list(request.get("selectors"))):
         expression = _dict(_dict(selector).get("cel")).get("expression")
         if isinstance(expression, str):
-            problem = selector_problem(expression)
-            if problem is not None:
-                errors.append(FieldError(f"{where}.selectors[{index}].cel.expression", problem))
+            error = _checked(expression, f"{where}.selectors[{index}].cel.expression", budget)
+            if error is not None:
+                errors.append(error)
     # The scheduler looks a capacity request up by the exact name the slice publishes, and
     # dradriver publishes its own names without its domain.
     requests = _dict(_dict(request.get("capacity")).get("requests"))
@@ -181,7 +247,9 @@ def _request_selector_errors(settings: Settings, request: Obj, where: str) -> li
     return errors
 
 
-def claim_spec_errors(settings: Settings, spec: Any, where: str = "spec") -> list[FieldError]:
+def claim_spec_errors(
+    settings: Settings, spec: Any, where: str = "spec", budget: Budget | None = None
+) -> list[FieldError]:
     """What is wrong, for this driver, with a ResourceClaimSpec found at ``where``."""
     devices = _dict(_dict(spec).get("devices"))
     errors: list[FieldError] = []
@@ -193,17 +261,19 @@ def claim_spec_errors(settings: Settings, spec: Any, where: str = "spec") -> lis
             settings.driver,
             opaque.get("parameters"),
             f"{where}.devices.config[{index}].opaque.parameters",
+            budget,
         )
     for index, raw in enumerate(_list(devices.get("requests"))):
         request = _dict(raw)
         at = f"{where}.devices.requests[{index}]"
         if "exactly" in request:
-            errors += _request_selector_errors(settings, _dict(request["exactly"]), f"{at}.exactly")
+            exactly = _dict(request["exactly"])
+            errors += _request_selector_errors(settings, exactly, f"{at}.exactly", budget)
         elif "deviceClassName" in request:  # resource.k8s.io/v1beta1 shape
-            errors += _request_selector_errors(settings, request, at)
+            errors += _request_selector_errors(settings, request, at, budget)
         for sub_index, sub in enumerate(_list(request.get("firstAvailable"))):
             errors += _request_selector_errors(
-                settings, _dict(sub), f"{at}.firstAvailable[{sub_index}]"
+                settings, _dict(sub), f"{at}.firstAvailable[{sub_index}]", budget
             )
     return errors
 
@@ -222,7 +292,8 @@ def _target(settings: Settings, group: str, kind: str) -> tuple[str, Callable[[O
 
 
 def validate(settings: Settings, request: Obj) -> Verdict:
-    """The verdict on one AdmissionReview ``request``."""
+    """The verdict on one AdmissionReview ``request``; a review holding more CEL than the
+    settings' budget is denied naming the limit."""
     kind_ref = _dict(request.get("kind"))
     target = _target(settings, str(kind_ref.get("group", "")), str(kind_ref.get("kind", "")))
     if target is None:
@@ -234,12 +305,17 @@ def validate(settings: Settings, request: Obj) -> Verdict:
     old = request.get("oldObject")
     if request.get("operation") == "UPDATE" and isinstance(old, dict) and part(old) == part(obj):
         return Verdict(True, kind=kind)
-    if kind == params.KIND:
-        errors = parameters_errors(obj)
-    elif kind == net.KIND:
-        errors = network_pool_errors(obj, settings.driver)
-    elif kind == CLAIM_KIND:
-        errors = claim_spec_errors(settings, obj.get("spec"), "spec")
-    else:
-        errors = claim_spec_errors(settings, _dict(obj.get("spec")).get("spec"), "spec.spec")
+    budget = Budget(settings.max_selectors, settings.max_selector_bytes)
+    try:
+        if kind == params.KIND:
+            errors = parameters_errors(obj, budget)
+        elif kind == net.KIND:
+            errors = network_pool_errors(obj, settings.driver)
+        elif kind == CLAIM_KIND:
+            errors = claim_spec_errors(settings, obj.get("spec"), "spec", budget)
+        else:
+            spec = _dict(obj.get("spec")).get("spec")
+            errors = claim_spec_errors(settings, spec, "spec.spec", budget)
+    except _OverBudget as e:
+        return Verdict(False, (e.error,), kind)
     return Verdict(not errors, tuple(errors), kind)
