@@ -70,11 +70,7 @@ class Expired(Exception):
 
 
 class WatchError(RuntimeError):
-    """The server sent an ``ERROR`` watch event other than 410."""
-
-
-class ShortWatch(RuntimeError):
-    """The watch ended at once without an event: retried after a backoff, like an error."""
+    """The watch broke: an ``ERROR`` event other than 410, or an end at once without an event."""
 
 
 def object_key(obj: Obj) -> str:
@@ -432,7 +428,7 @@ class Informer:
             raise
         lasted = loop.time() - started
         if not self._progress and lasted < self.min_watch_duration:
-            raise ShortWatch(
+            raise WatchError(
                 f"watch {self.path} ended after {lasted:.3f}s without an event "
                 "(the server or a proxy closes it at once)"
             )
