@@ -22,6 +22,13 @@ namespace, uid, generation 1), ``podClaimName`` and one request with its devices
 pool, name and the attributes as the ResourceSlice publishes them. The format has no
 place for opaque config; that still reaches containers as ``DRADRIVER_*`` env.
 
+Every path component taken from a claim or its pod is checked against the Kubernetes name
+rules before it becomes part of a path (:func:`check_components`): the namespace, the pod's
+claim name and the request name are DNS labels, the claim name a DNS subdomain. None of
+them can then hold ``/``, ``..``, ``_``, NUL or a newline, so a file never lands outside its
+claim's directory and ``<namespace>_<claim>`` names one claim only. A claim with a bad
+value is prepared without metadata, the reason (which field, which rule) logged.
+
 Like the helper, a metadata write that fails is logged and the claim is prepared without
 it: the file is information, not a device. The file system work stays off the event loop:
 rendered there (:meth:`DeviceMetadataWriter.plan`), written (:meth:`DeviceMetadataWriter.write`)
@@ -41,6 +48,7 @@ from typing import Any
 from dradriver.host.atomicfile import atomic_write
 from dradriver.host.cdi import CDIDevice, CDIError, CDIRegistry
 from dradriver.host.containeredits import ContainerEdits, Mount
+from dradriver.k8s.names import validate_dns_label, validate_dns_subdomain
 from dradriver.k8s.objects import Obj, allocation_of
 from dradriver.log import get_logger
 from dradriver.plugin.interface import ClaimRef, PreparedDevice
@@ -61,8 +69,33 @@ FILE_MODE = 0o644  # read by the container's user, whoever that is
 DIR_MODE = 0o755
 
 
+def check_components(
+    *,
+    namespace: str | None = None,
+    claim: str | None = None,
+    pod_claim_name: str | None = None,
+    request: str | None = None,
+) -> None:
+    """Raises ``ValueError`` naming the field and its rule unless each given value may be a
+    path component: a DNS label (namespace, pod claim name, request) or a DNS subdomain
+    (claim name), as the apiserver requires of them."""
+    if namespace is not None:
+        validate_dns_label(namespace, "claim namespace")
+    if claim is not None:
+        validate_dns_subdomain(claim, "claim name")
+    if pod_claim_name is not None:
+        validate_dns_label(
+            pod_claim_name,
+            f"annotation {POD_CLAIM_NAME_ANNOTATION} (the pod's spec.resourceClaims[].name)",
+        )
+    if request is not None:
+        validate_dns_label(request, "request name")
+
+
 def container_path(driver: str, claim: str, pod_claim_name: str | None, request: str) -> str:
-    """Where a container finds the file (the helper's documented layout)."""
+    """Where a container finds the file (the helper's documented layout); ``ValueError``
+    if a component is not a valid name (:func:`check_components`)."""
+    check_components(claim=claim, pod_claim_name=pod_claim_name or None, request=request)
     if pod_claim_name:
         return (
             f"{CONTAINER_DIR}/{TEMPLATES_SUBDIR}/{pod_claim_name}/{request}/{driver}-metadata.json"
@@ -129,16 +162,21 @@ class DeviceMetadataWriter:
         self._attributes_of = attributes_of
 
     def claim_dir(self, claim: ClaimRef) -> Path:
+        """``<root>/<namespace>_<claim>``; ``ValueError`` if either is not a valid name."""
+        check_components(namespace=claim.namespace, claim=claim.name)
         return self.root / f"{claim.namespace}_{claim.name}"
 
     def host_path(self, claim: ClaimRef, request: str) -> Path:
+        """The claim's file for ``request``; ``ValueError`` if a component is not a valid name."""
+        check_components(request=request)
         return self.claim_dir(claim) / request / HOST_FILE
 
     def plan(
         self, claim: ClaimRef, obj: Obj, devices: list[PreparedDevice]
     ) -> MetadataFiles | None:
         """What :meth:`write` puts on disk for the claim (no file system access, so it runs
-        on the event loop); ``None`` if there is nothing to write or it cannot be rendered."""
+        on the event loop); ``None`` if there is nothing to write or it cannot be rendered,
+        e.g. because a name that would be a path component is not a valid name (logged)."""
         annotations = (obj.get("metadata") or {}).get("annotations") or {}
         pod_claim_name = annotations.get(POD_CLAIM_NAME_ANNOTATION)
         if not isinstance(pod_claim_name, str) or not pod_claim_name:
@@ -240,6 +278,12 @@ class DeviceMetadataWriter:
                         str(meta["namespace"]),
                     )
                     pod_claim_name = first.get("podClaimName")
+                    check_components(
+                        namespace=namespace,
+                        claim=name,
+                        pod_claim_name=pod_claim_name or None,
+                        request=path.parent.name,
+                    )
                 except (OSError, ValueError, KeyError, TypeError) as e:
                     log.warning("device metadata file unreadable", path=str(path), error=str(e))
                     continue
@@ -278,10 +322,12 @@ class DeviceMetadataWriter:
         return len(by_claim)
 
     def unprepared(self, claim: ClaimRef) -> None:
+        """Remove the claim's spec and files; a claim whose names are not valid never had
+        files (:meth:`plan` refuses it), so nothing outside the root is touched."""
         try:
             self.cdi.remove_claim(claim.uid)
             shutil.rmtree(self.claim_dir(claim), ignore_errors=True)
-        except (OSError, CDIError) as e:
+        except (OSError, CDIError, ValueError) as e:
             log.error("device metadata not removed", claim=str(claim), error=str(e))
 
 

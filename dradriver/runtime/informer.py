@@ -10,6 +10,12 @@ Gone (the resourceVersion left the watch window, as an HTTP status or as an
 for what changed meanwhile, deletes included. Other errors are retried with
 exponential backoff: a failed list is repeated, a failed watch resumes.
 
+A watch that ends without a single event in under ``min_watch_duration`` (a server or
+proxy that accepts the request and closes the stream at once) is a failure too, so such
+a server sees a few attempts a second at first and one per ``cap`` later, never a tight
+loop. A list and any added, modified, deleted or bookmark event reset the backoff, and
+so does a quiet watch that lasted its time: a real recovery is at most one ``cap`` late.
+
 Objects are the server's JSON as plain dicts, so no field is dropped (see
 reference/python-client.md); handlers must treat them as read-only because
 they are the cache's own copies. Handlers run in the informer's task and
@@ -64,7 +70,7 @@ class Expired(Exception):
 
 
 class WatchError(RuntimeError):
-    """The server sent an ``ERROR`` watch event other than 410."""
+    """The watch broke: an ``ERROR`` event other than 410, or an end at once without an event."""
 
 
 def object_key(obj: Obj) -> str:
@@ -140,7 +146,8 @@ class Informer:
     for all namespaces. ``label_selector`` and ``field_selector`` restrict what is
     listed and watched (an object that stops matching is reported as deleted).
     Run it with :meth:`run` (or :meth:`start`); :attr:`has_synced` turns true once
-    the first list has been delivered to the handlers.
+    the first list has been delivered to the handlers. A watch that ends without an
+    event in under ``min_watch_duration`` seconds is retried after ``backoff``.
     """
 
     def __init__(
@@ -154,6 +161,7 @@ class Informer:
         key_func: Callable[[Obj], str] = object_key,
         page_size: int = 500,
         watch_timeout: float = 300.0,
+        min_watch_duration: float = 1.0,
         resync_period: float | None = None,
         backoff: Backoff | None = None,
         metrics: RuntimeMetrics | None = None,
@@ -164,6 +172,7 @@ class Informer:
         self.key_func = key_func
         self.page_size = page_size
         self.watch_timeout = watch_timeout
+        self.min_watch_duration = min_watch_duration
         self.resync_period = resync_period
         self._selectors: dict[str, str] = {}
         if label_selector:
@@ -178,6 +187,7 @@ class Informer:
         self._synced = asyncio.Event()
         self._watch_task: asyncio.Task[None] | None = None
         self._restart_from: str | None = None
+        self._progress = False  # the current watch has delivered an event
         self._task: asyncio.Task[None] | None = None
         # Counters, for tests and logs.
         self.lists = 0
@@ -401,6 +411,8 @@ class Informer:
         if self._metrics is not None:
             self._metrics.informer_watches.labels(self.name).inc()
         log.debug("watching", informer=self.name, resource_version=rv, timeout=timeout)
+        loop = asyncio.get_running_loop()
+        started, self._progress = loop.time(), False
         try:
             events = self.client.watch(self.path, rv, **params)
             try:
@@ -414,6 +426,13 @@ class Informer:
             if is_gone(e):
                 raise Expired(str(e)) from e
             raise
+        lasted = loop.time() - started
+        if not self._progress and lasted < self.min_watch_duration:
+            raise WatchError(
+                f"watch {self.path} ended after {lasted:.3f}s without an event "
+                "(the server or a proxy closes it at once)"
+            )
+        self._backoff.reset()  # a watch that lasted its time, quiet or not
 
     def _on_event(self, event: object) -> None:
         if not isinstance(event, dict):
@@ -437,6 +456,7 @@ class Informer:
             rv = _identity(obj).get("resource_version")
             if rv:
                 self._rv = rv
+            self._made_progress()
             return
         if kind not in ("ADDED", "MODIFIED", "DELETED"):
             log.warning("unknown watch event type", informer=self.name, type=kind)
@@ -463,6 +483,11 @@ class Informer:
         rv = _identity(obj).get("resource_version")
         if rv:  # also after a skipped object: a resumed watch starts after it
             self._rv = rv
+        self._made_progress()
+
+    def _made_progress(self) -> None:
+        """An event arrived: the watch works, the next failure backs off from the start."""
+        self._progress = True
         self._backoff.reset()
 
     def _usable_key(self, obj: object, event: str) -> str | None:

@@ -10,16 +10,20 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, cast
+
+import pytest
 
 from dradriver.host.cdi import CDIRegistry
 from dradriver.host.state.ledger import Ledger
 from dradriver.k8s.client import KubeClient
 from dradriver.k8s.objects import Obj
 from dradriver.plugin.devicemetadata import DeviceMetadataWriter, MetadataFiles
-from dradriver.plugin.interface import ClaimRef
+from dradriver.plugin.interface import ClaimRef, PreparedDevice
 from kubeletplugin.inventory import NodeInventory
 from kubeletplugin.nodedriver import NodeDriver
 from tests.fakes.apiserver import FakeAPIServer
@@ -258,3 +262,137 @@ def test_start_up_restores_specs_of_prepared_claims_and_removes_the_rest(tmp_pat
     assert restarted.restore(set()) == 0
     assert not kept_spec.exists()
     assert list((plugin.data_dir / "dra-device-metadata").iterdir()) == []
+
+
+# ----- names from the claim or the pod become path components only if they are valid names
+
+# Each would escape its directory, forge a file name or a line, or break the length rule.
+BAD_NAMES = {
+    "dot-dot": "..",
+    "slash": "a/b",
+    "up-and-out": "../../../../etc",
+    "newline": "gpu\nx",
+    "nul": "gpu\x00x",
+    "too-long": "a" * 64,
+}
+
+
+def tree(root: Path) -> list[str]:
+    """Every file and directory under ``root``, relative to it."""
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*"))
+
+
+@pytest.fixture
+def metadata_logs(caplog: pytest.LogCaptureFixture) -> Iterator[pytest.LogCaptureFixture]:
+    """Capture the writer's records even if log.configure() turned propagation off."""
+    logger = logging.getLogger("dradriver.kubeletplugin.devicemetadata")
+    logger.addHandler(caplog.handler)
+    try:
+        yield caplog
+    finally:
+        logger.removeHandler(caplog.handler)
+
+
+def logged_errors(caplog: pytest.LogCaptureFixture) -> list[str]:
+    records = {id(r): r for r in caplog.records}  # once, propagated or not
+    return [
+        str(getattr(r, "fields", {}).get("error", ""))
+        for r in records.values()
+        if r.msg == "device metadata not written"
+    ]
+
+
+@pytest.mark.parametrize("bad", BAD_NAMES.values(), ids=BAD_NAMES.keys())
+def test_a_bad_pod_claim_name_costs_that_claims_metadata_only(
+    tmp_path: Path, metadata_logs: pytest.LogCaptureFixture, bad: str
+) -> None:
+    plugin = Plugin(tmp_path)
+    ok = store_claim(plugin.api, allocated_claim("ok", [result("dev-0")]))
+    forged = store_claim(
+        plugin.api,
+        allocated_claim(
+            "pod-gpu-x7k2q",
+            [result("dev-1")],
+            annotations={"resource.kubernetes.io/pod-claim-name": bad},
+        ),
+    )
+    out = asyncio.run(plugin.driver.prepare_claims([claim_ref(ok), claim_ref(forged)]))
+    ok_uid, forged_uid = ok["metadata"]["uid"], forged["metadata"]["uid"]
+    assert out[ok_uid].error == "" and out[forged_uid].error == ""
+    assert out[ok_uid].devices[0].cdi_ids[-1] == f"{DRIVER}/metadata={ok_uid}-gpu"
+    assert out[forged_uid].devices[0].cdi_ids == (f"{DRIVER}/device={forged_uid}-dev-1",)
+    # No file and no mount for the forged claim; the other claim's are where they belong.
+    assert not (plugin.cdi_dir / f"{DRIVER}-metadata_claim-{forged_uid}.json").exists()
+    assert tree(plugin.data_dir / "dra-device-metadata") == [
+        "default_ok",
+        "default_ok/gpu",
+        "default_ok/gpu/metadata.json",
+    ]
+    assert {p.name for p in plugin.cdi_dir.iterdir()} == {
+        f"{DRIVER}-device_claim-{ok_uid}.json",
+        f"{DRIVER}-device_claim-{forged_uid}.json",
+        f"{DRIVER}-metadata_claim-{ok_uid}.json",
+    }
+    assert {p.name for p in tmp_path.iterdir()} == {"plugins", "cdi"}
+    (error,) = logged_errors(metadata_logs)
+    assert "annotation resource.kubernetes.io/pod-claim-name" in error and repr(bad) in error
+
+
+def writer_and_devices(tmp_path: Path) -> tuple[DeviceMetadataWriter, list[PreparedDevice]]:
+    (tmp_path / "plugin").mkdir()  # the plugin's data dir is there before any claim
+    writer = DeviceMetadataWriter(DRIVER, tmp_path / "plugin", tmp_path / "cdi", lambda _: {})
+    return writer, [PreparedDevice(("gpu",), NODE, "dev-0", (f"{DRIVER}/device=u1-dev-0",))]
+
+
+@pytest.mark.parametrize("field", ["namespace", "name", "request"])
+@pytest.mark.parametrize("bad", BAD_NAMES.values(), ids=BAD_NAMES.keys())
+def test_a_bad_claim_namespace_name_or_request_is_refused_before_any_path_is_made(
+    tmp_path: Path, metadata_logs: pytest.LogCaptureFixture, field: str, bad: str
+) -> None:
+    """The kubelet's reference is checked upstream too; the writer does not rely on it."""
+    writer, devices = writer_and_devices(tmp_path)
+    names = {"namespace": "default", "name": "c", "request": "gpu", field: bad}
+    if field == "name" and bad == "a" * 64:
+        names["name"] = "a" * 254  # a claim name is a DNS subdomain: up to 253
+    claim = ClaimRef(namespace=names["namespace"], uid="u1", name=names["name"])
+    devices = [PreparedDevice((names["request"],), NODE, "dev-0", devices[0].cdi_ids)]
+    assert writer.plan(claim, {"metadata": {}}, devices) is None
+    (error,) = logged_errors(metadata_logs)
+    what = {"namespace": "claim namespace", "name": "claim name", "request": "request name"}
+    assert error.startswith(f"{what[field]} {names[field]!r}")
+    assert tree(tmp_path) == ["plugin"]
+    if field != "request":
+        with pytest.raises(ValueError, match=what[field]):
+            writer.claim_dir(claim)
+
+
+def test_unprepare_of_a_claim_with_a_bad_name_removes_nothing_outside_the_root(
+    tmp_path: Path,
+) -> None:
+    writer, devices = writer_and_devices(tmp_path)
+    files = writer.plan(ClaimRef("default", "u1", "c"), {"metadata": {}}, devices)
+    assert files is not None and writer.write(files)
+    victim = tmp_path / "plugin" / "victim"
+    victim.mkdir()
+    (victim / "keep").write_text("x")
+    before = tree(tmp_path)
+    # "<root>/default_c/../../victim" is the victim: "default_c" exists.
+    writer.unprepared(ClaimRef("default", "u2", "c/../../victim"))
+    assert tree(tmp_path) == before
+
+
+def test_restore_skips_a_file_whose_names_are_not_valid_and_keeps_the_others(
+    tmp_path: Path,
+) -> None:
+    writer, devices = writer_and_devices(tmp_path)
+    files = writer.plan(ClaimRef("default", "u1", "c"), {"metadata": {}}, devices)
+    assert files is not None and writer.write(files)
+    forged_dir = writer.root / "default_f" / "gpu"
+    forged_dir.mkdir(parents=True)
+    forged = stream(files.files[0][0])[0]  # the claim's file, as written
+    forged["metadata"].update(uid="u2", name="f")
+    forged["podClaimName"] = "../../../etc"
+    (forged_dir / "metadata.json").write_text(json.dumps(forged))
+    assert writer.restore({"u1", "u2"}) == 1
+    assert tree(writer.root) == ["default_c", "default_c/gpu", "default_c/gpu/metadata.json"]
+    assert {p.name for p in writer.cdi.cdi_dir.iterdir()} == {f"{DRIVER}-metadata_claim-u1.json"}

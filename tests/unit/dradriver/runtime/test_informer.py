@@ -61,6 +61,8 @@ class FakeClient:
         self.streams: list[Stream | Exception] = []
         self.list_calls: list[dict[str, Any]] = []
         self.watch_calls: list[tuple[str, dict[str, Any]]] = []
+        self.watch_times: list[float] = []  # the event loop's clock at each watch call
+        self.on_watch: Callable[[int], None] = lambda calls: None
         self.closed = 0
 
     async def list(self, path: str, **params: Any) -> Obj:
@@ -74,6 +76,8 @@ class FakeClient:
 
     async def watch(self, path: str, resource_version: str, **params: Any) -> AsyncIterator[Obj]:
         self.watch_calls.append((resource_version, params))
+        self.watch_times.append(asyncio.get_running_loop().time())
+        self.on_watch(len(self.watch_calls))
         if not self.streams:
             await asyncio.Event().wait()  # nothing scripted: stay open
         script = self.streams.pop(0)
