@@ -18,6 +18,7 @@ own driver name, so no other test's devices or classes are involved.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import stat
 from collections.abc import Iterator
@@ -52,6 +53,8 @@ RESOURCE = f"{DRIVER}/kvm"
 CLASS = f"{DRIVER}-{PROFILE}"
 SHARE = 2
 R = RESOURCE_V1
+# The start-up line is logfmt: a value is quoted only when it needs to be.
+STARTED_BY = re.compile(r' extended_resources_by="?([^"\s]+)"?')
 
 
 def driver_config(work: Path) -> Obj:
@@ -135,8 +138,9 @@ def published_form(devices: dict[str, Obj]) -> str | None:
 def started_by(plugin: NodePlugin) -> str:
     """The path the plugin's start-up line says."""
     for line in plugin.log_path.read_text().splitlines():
-        if 'msg="starting"' in line and "extended_resources_by=" in line:
-            return line.split("extended_resources_by=")[1].split()[0].strip('"')
+        by = STARTED_BY.search(line)
+        if by is not None and " msg=starting " in line:
+            return by.group(1)
     raise AssertionError(f"no start-up line with extended_resources_by in {plugin.log_path}")
 
 
