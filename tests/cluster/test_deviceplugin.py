@@ -185,7 +185,7 @@ def allocatable(api: AdminAPI, resource: str) -> int:
 
 def slice_devices(api: AdminAPI, driver: str) -> dict[str, Obj]:
     return {
-        d["name"]: d for s in node_slices(api, NODE, driver) for d in s["spec"].get("devices", [])
+        d["name"]: d for s in node_slices(api, NODE, driver) for d in s["spec"].get("devices") or []
     }
 
 
