@@ -8,6 +8,7 @@ import contextlib
 import os
 import signal
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -27,7 +28,7 @@ from dradriver.log import configure, get_logger
 from dradriver.plugin.devicemetadata import DeviceMetadataWriter
 from dradriver.plugin.helper import KubeletPluginHelper, PluginPaths
 from dradriver.resourceslice import capabilities
-from dradriver.resourceslice.capabilities import say_what_this_cluster_lacks
+from dradriver.resourceslice.capabilities import Missing, say_what_this_cluster_lacks
 from dradriver.resourceslice.pool import SliceError
 from dradriver.resourceslice.publisher import SlicePublisher, slice_informer
 from kubeletplugin.claimstatus import ClaimStatusWriter
@@ -50,6 +51,8 @@ log = get_logger("kubeletplugin")
 # connections (handshakes, and buffers that stay in every node's plugin: bench.plugin_rss
 # after 100 claims went from 83.7 to 79.5 MiB). Watches take one each.
 API_CONNECTIONS = 16
+# How long the start-up probe is asked again while it gets no answer (shared host devices).
+PROBE_BUDGET_SECONDS = 10.0
 
 
 class UsageError(ValueError):
@@ -298,6 +301,24 @@ class Plugin:
             return
         self.helper.publish_resources(pool)
 
+    async def _probe_slice_features(self) -> list[Missing] | None:
+        """The start-up probe of the slice features. With shared host devices, whose form it
+        decides, a probe that got no answer (the apiserver, or an admission policy that is
+        not in force yet, refused it) is asked again for up to PROBE_BUDGET_SECONDS before
+        the plugin falls back to the form every release serves."""
+        deadline = time.monotonic() + PROBE_BUDGET_SECONDS
+        delay = 0.2
+        while True:
+            missing = await say_what_this_cluster_lacks(
+                self.client, self.driver_name, self.node, self.node, capabilities.NODE_FEATURES
+            )
+            if missing is not None or not self.host_devices.shared:
+                return missing
+            if time.monotonic() + delay > deadline:
+                return None
+            await asyncio.sleep(delay)  # a retry's backoff
+            delay = min(delay * 2, 2.0)
+
     def _devices_changed(self) -> None:
         """A hot-plug event: rediscover, republish, and report health now."""
         if not self.inventory.refresh():
@@ -348,9 +369,7 @@ class Plugin:
         if self.driver.metadata is not None:
             prepared = {c.uid for c in self.ledger.claims() if c.state == "prepared"}
             counts["metadata_specs"] = self.driver.metadata.restore(prepared)
-        missing = await say_what_this_cluster_lacks(
-            self.client, self.driver_name, self.node, self.node, capabilities.NODE_FEATURES
-        )
+        missing = await self._probe_slice_features()
         if self.host_devices.sources:
             await asyncio.to_thread(log_failures, self.config)
         forms = await self._choose_forms(missing)
