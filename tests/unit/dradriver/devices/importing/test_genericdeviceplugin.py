@@ -540,3 +540,32 @@ def test_an_imported_configuration_is_a_valid_driver_configuration(result: Any) 
     imported = result()
     config = parse_config(yaml.safe_dump(imported.config, sort_keys=False), "imported.yaml")
     assert [s.kind for s in config.sources] == ["host"] * len(imported.config["sources"])
+
+
+def test_kvm_fuse_tun_and_a_serial_glob_import_without_loss() -> None:
+    """The configuration the issue names: what sandbox and home-lab users run today."""
+    result = import_generic_device_plugin(
+        """
+devices:
+  - name: kvm
+    groups: [{count: 8, paths: [{path: /dev/kvm}]}]
+  - name: fuse
+    groups: [{count: 256, paths: [{path: /dev/fuse}]}]
+  - name: tun
+    groups: [{count: 256, paths: [{path: /dev/net/tun}]}]
+  - name: serial
+    groups: [{paths: [{path: /dev/serial/by-id/*}]}]
+""",
+        domain="squat.ai",
+    )
+    assert result.losses == []
+    config = parse_config(yaml.safe_dump(result.config), "imported.yaml")
+    profiles = {s.host.name: s.host for s in config.sources if s.host is not None}
+    assert {name: p.share for name, p in profiles.items()} == {
+        "kvm": 8,
+        "fuse": 256,
+        "tun": 256,
+        "serial": None,
+    }
+    assert profiles["kvm"].extended_resource_name == "squat.ai/kvm"
+    assert [n.path for n in profiles["serial"].nodes] == ["/dev/serial/by-id/*"]
