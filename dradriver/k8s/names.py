@@ -36,13 +36,16 @@ def whole(regex: str) -> str:
     return f"^{regex}$"
 
 
+def _check_length(value: str, what: str, limit: int) -> None:
+    if len(value) > limit:
+        raise ValueError(
+            f"{what} {value!r} is {len(value)} characters long; at most {limit} are allowed"
+        )
+
+
 def validate_dns_label(value: str, what: str = "name") -> str:
     """A DNS label (RFC 1123): device, counter set and counter names."""
-    if len(value) > DNS_LABEL_MAX_LENGTH:
-        raise ValueError(
-            f"{what} {value!r} is {len(value)} characters long; at most "
-            f"{DNS_LABEL_MAX_LENGTH} are allowed"
-        )
+    _check_length(value, what, DNS_LABEL_MAX_LENGTH)
     if not DNS_LABEL_RE.fullmatch(value):
         raise ValueError(
             f"{what} {value!r} is not a DNS label: use lowercase letters, digits and '-', "
@@ -53,11 +56,7 @@ def validate_dns_label(value: str, what: str = "name") -> str:
 
 def validate_dns_subdomain(value: str, what: str = "name") -> str:
     """A DNS subdomain (RFC 1123): object names, node names."""
-    if len(value) > DNS_SUBDOMAIN_MAX_LENGTH:
-        raise ValueError(
-            f"{what} {value!r} is {len(value)} characters long; at most "
-            f"{DNS_SUBDOMAIN_MAX_LENGTH} are allowed"
-        )
+    _check_length(value, what, DNS_SUBDOMAIN_MAX_LENGTH)
     if not DNS_SUBDOMAIN_RE.fullmatch(value):
         raise ValueError(
             f"{what} {value!r} is not a DNS subdomain: use lowercase letters, digits, '-' and "
@@ -68,20 +67,12 @@ def validate_dns_subdomain(value: str, what: str = "name") -> str:
 
 def validate_driver_name(value: str, what: str = "driver name") -> str:
     """A driver name, which is also the domain of qualified attribute names."""
-    if len(value) > DRIVER_NAME_MAX_LENGTH:
-        raise ValueError(
-            f"{what} {value!r} is {len(value)} characters long; at most "
-            f"{DRIVER_NAME_MAX_LENGTH} are allowed"
-        )
+    _check_length(value, what, DRIVER_NAME_MAX_LENGTH)
     return validate_dns_subdomain(value, what)
 
 
 def validate_c_identifier(value: str, what: str = "identifier") -> str:
-    if len(value) > C_IDENTIFIER_MAX_LENGTH:
-        raise ValueError(
-            f"{what} {value!r} is {len(value)} characters long; at most "
-            f"{C_IDENTIFIER_MAX_LENGTH} are allowed"
-        )
+    _check_length(value, what, C_IDENTIFIER_MAX_LENGTH)
     if not C_IDENTIFIER_RE.fullmatch(value):
         raise ValueError(
             f"{what} {value!r} is not a C identifier: use letters, digits and '_', "
@@ -160,11 +151,7 @@ def validate_label_name(value: str, what: str = "label name") -> str:
 
 def validate_label_value(value: str, what: str = "label value") -> str:
     """A label value (may be empty), the format of taint values."""
-    if len(value) > LABEL_VALUE_MAX_LENGTH:
-        raise ValueError(
-            f"{what} {value!r} is {len(value)} characters long; at most "
-            f"{LABEL_VALUE_MAX_LENGTH} are allowed"
-        )
+    _check_length(value, what, LABEL_VALUE_MAX_LENGTH)
     if value and not _LABEL_PART.fullmatch(value):
         raise ValueError(
             f"{what} {value!r} must consist of letters, digits, '-', '_' and '.', "
