@@ -40,10 +40,11 @@ NAMESPACE = "dradriver"
 SERVICE_ACCOUNT = "dradriver-controller"
 CRD_NAME = "deviceclaimparameters.dradriver.dev"
 CRD_NAMES = (CRD_NAME, "networkdevicepools.dradriver.dev")
-TEST_DRIVERS = ("*.test.dradriver.dev", "*.bench.dradriver.dev")
+TEST_DRIVERS = (f"*.{DEFAULT_DRIVER_NAME}",)
 """Drivers whose claims a harness controller allocates besides its own (unless its
-``extra_args`` name others): tests and benches give each run a driver of its own, named
-under these, so that they never share devices."""
+``extra_args`` name others): tests and benches give each run a driver of its own under
+this domain (``ca-<id>.test.dradriver.dev``), so that they never share devices. Another
+vendor's driver in a test is named outside it."""
 WEBHOOK_CONFIGURATIONS = "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations"
 
 
