@@ -10,7 +10,8 @@ version (:class:`~dradriver.k8s.jsondecode.TooDeepObject`, deep parts replaced b
 * where the allocation could hold devices it cannot name, it names pools to block
   whole: the result's pool if driver and pool are readable, else every pool of the
   result's driver, else (nothing readable: the status, the allocation or its results
-  were cut) every pool of the controller's own driver;
+  were cut, or the claim is known by its name only) every pool of the controller's own
+  driver;
 * a readable status without an allocation holds nothing (a previous readable version's
   allocation is the claims cache's, kept there as the last good version).
 
@@ -22,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dradriver.allocator import DeviceID, Held
-from dradriver.k8s.jsondecode import CUT, was_cut
+from dradriver.k8s.jsondecode import CUT, TooDeepObject, was_cut
 from dradriver.k8s.objects import Obj
 
 
@@ -53,6 +54,8 @@ class UnreadableClaim:
 def read_cut_claim(cut: Obj, driver: str) -> UnreadableClaim:
     """What the cut claim ``cut`` holds; ``driver`` is the controller's own driver (the
     pools it blocks when nothing of the allocation can be read)."""
+    if isinstance(cut, TooDeepObject) and cut.identity_only:
+        return UnreadableClaim(None, drivers=frozenset({driver}), why="only its name readable")
     status = cut.get("status")
     if status is None:
         return UnreadableClaim(None, why="no status: not allocated")

@@ -76,9 +76,12 @@ class TooDeepObject(dict[str, Any]):
     and it is never to be handled as a whole object (see :func:`was_cut`).
     """
 
-    def __init__(self, content: Obj, max_depth: int) -> None:
+    def __init__(self, content: Obj, max_depth: int, identity_only: bool = False) -> None:
         super().__init__(content)
         self.reason = f"nested deeper than {max_depth} levels"
+        # True when the object had no readable metadata: its content is its identity only
+        # and says nothing else (not even that a field is absent).
+        self.identity_only = identity_only
 
 
 def nested_deeper_than(data: bytes | str, limit: int) -> bool:
@@ -187,7 +190,7 @@ def _stand_in(obj: Any, max_depth: int) -> TooDeepObject:
                 if isinstance(meta.get(field), str):
                     meta_out[field] = meta[field]
     identity["metadata"] = meta_out
-    return TooDeepObject(identity, max_depth)
+    return TooDeepObject(identity, max_depth, identity_only=True)
 
 
 def decode_list(data: bytes | str, max_depth: int = MAX_DEPTH) -> Obj:

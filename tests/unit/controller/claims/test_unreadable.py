@@ -21,7 +21,7 @@ from controller.claims.holdings import UNREADABLE_METRIC, unreadable_key
 from controller.claims.reconciler import ClaimReconciler
 from controller.claims.unreadable import UnreadableClaim, read_cut_claim
 from controller.claims.worker import AllocationWorker
-from dradriver.k8s.jsondecode import CUT, decode_list, decode_watch_event
+from dradriver.k8s.jsondecode import CUT, TooDeepObject, decode_list, decode_watch_event
 from dradriver.k8s.objects import Obj
 from dradriver.metrics import Registry
 from dradriver.runtime import Backoff, Informer, RequeueAfter
@@ -92,6 +92,9 @@ def test_a_cut_claim_holds_its_readable_results_and_blocks_what_it_cannot_read()
     assert higher == UnreadableClaim(
         None, drivers=frozenset({"own"}), why="status.allocation.devices cut"
     )
+    # Known by its name only (its metadata was cut): nothing says it holds nothing.
+    named = TooDeepObject({"metadata": {"name": "a"}}, 2, identity_only=True)
+    assert read_cut_claim(named, "own").drivers == {"own"}
     # One result cut below its pool, one cut whole, one whose share was cut (held whole).
     partial: Obj = {
         "status": {
