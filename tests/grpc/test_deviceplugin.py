@@ -117,6 +117,9 @@ class FakePodResources(pr_grpc.PodResourcesListerServicer):  # type: ignore[misc
     def __init__(self) -> None:
         # (namespace, pod, container, resource, device ids)
         self.containers: list[tuple[str, str, str, str, list[str]]] = []
+        # (namespace, pod, container, claim namespace, claim name,
+        #  [(driver, pool, device, CDI id)]): DRA claims, as dynamic_resources
+        self.claims: list[tuple[str, str, str, str, str, list[tuple[str, str, str, str]]]] = []
         self.fail = False
 
     async def List(self, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
@@ -131,6 +134,21 @@ class FakePodResources(pr_grpc.PodResourcesListerServicer):  # type: ignore[misc
                     devices=[pr.ContainerDevices(resource_name=resource, device_ids=ids)],
                 )
             )
+        for ns, pod, container, claim_ns, claim, devices in self.claims:
+            p = pods.setdefault((ns, pod), pr.PodResources(name=pod, namespace=ns))
+            resources = [
+                pr.ClaimResource(
+                    cdi_devices=[pr.CDIDevice(name=cdi)],
+                    driver_name=driver,
+                    pool_name=pool,
+                    device_name=device,
+                )
+                for driver, pool, device, cdi in devices
+            ]
+            dynamic = pr.DynamicResource(
+                claim_name=claim, claim_namespace=claim_ns, claim_resources=resources
+            )
+            p.containers.append(pr.ContainerResources(name=container, dynamic_resources=[dynamic]))
         return pr.ListPodResourcesResponse(pod_resources=list(pods.values()))
 
 
