@@ -26,6 +26,7 @@ Rows, printed as one table (fault, runs, metric, value, promised); nothing is as
     count): the worst review latency of the controller-served webhook while each is being
     processed (its own review, and benign reviews sent all along), and how many claims of
     another driver the apiserver admitted meanwhile.
+(u) a claim nested too deep to decode across a controller restart (bench/fault_unreadable.py).
 """
 
 from __future__ import annotations
@@ -65,6 +66,7 @@ from bench.common import (
     table,
 )
 from bench.controller_allocation import isolated_layout
+from bench.fault_unreadable import too_deep_claim
 from bench.faultproxy import ClaimFaultProxy
 from devtools.cluster.api import AdminAPI
 from devtools.cluster.local import LocalCluster, running_cluster
@@ -955,6 +957,8 @@ def run(s: Settings, work: Path) -> list[Row]:
                 unregister_webhook(api)
             with phase("(d) apiserver outage"):
                 rows += apiserver_outage(api, namespace, cluster, controller, s)
+            with phase("(u) a claim too deep to decode, controller restarted"):
+                rows += too_deep_claim(api, namespace, controller)
         finally:
             controller.stop()
     return rows
