@@ -1,4 +1,4 @@
-"""Row (u) of :mod:`bench.faults`: a claim nested too deep to decode, across a controller
+"""Row (f3) of :mod:`bench.faults`: a claim nested too deep to decode, across a controller
 restart (issue 21, finding 3: "unreadable means held").
 
 Claim A is allocated by the controller; then, with the controller stopped, its
@@ -86,7 +86,7 @@ def too_deep_claim(api: AdminAPI, namespace: str, controller: ControllerProcess)
     got = allocations(api, namespace, PREFIX)
     doubled = sum(1 for n in Counter(d for ds in got.values() for d in ds).values() if n > 1)
     allocated = sum(1 for n in ("b", "c") if got.get(f"{PREFIX}{n}"))
-    fault = f"(u) controller restart, an allocated claim nested {DEPTH} levels deep"
+    fault = f"(f3) controller restart, an allocated claim nested {DEPTH} levels deep"
     return [
         Row(fault, 1, "devices in two allocations", str(doubled), "0"),
         Row(fault, 1, "competing claims allocated (one device free)", f"{allocated}/2", "1/2"),

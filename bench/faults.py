@@ -26,7 +26,7 @@ Rows, printed as one table (fault, runs, metric, value, promised); nothing is as
     count): the worst review latency of the controller-served webhook while each is being
     processed (its own review, and benign reviews sent all along), and how many claims of
     another driver the apiserver admitted meanwhile.
-(u) a claim nested too deep to decode across a controller restart (bench/fault_unreadable.py).
+(f3) a claim nested too deep to decode across a controller restart (bench/fault_unreadable.py).
 """
 
 from __future__ import annotations
@@ -957,7 +957,7 @@ def run(s: Settings, work: Path) -> list[Row]:
                 unregister_webhook(api)
             with phase("(d) apiserver outage"):
                 rows += apiserver_outage(api, namespace, cluster, controller, s)
-            with phase("(u) a claim too deep to decode, controller restarted"):
+            with phase("(f3) a claim too deep to decode, controller restarted"):
                 rows += too_deep_claim(api, namespace, controller)
         finally:
             controller.stop()
