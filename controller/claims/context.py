@@ -75,7 +75,7 @@ class ClaimContext:
         return cls(
             client=client,
             driver=driver,
-            holdings=Holdings(client, claims),
+            holdings=Holdings(client, claims, driver, registry),
             scheduler=scheduler if scheduler is not None else SchedulerActivity(None),
             stages=StageTimes(registry),
             events=EventRecorder(client),

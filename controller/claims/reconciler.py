@@ -109,6 +109,7 @@ class ClaimReconciler:
         self._params_error_logged: dict[str, str] = {}
         self._background: set[asyncio.Task[None]] = set()
         self._event_slots = asyncio.Semaphore(EVENTS_IN_FLIGHT)
+        self.holdings.on_freed = self._devices_freed  # a claim too deep to decode let go
         context.claims.add_handler(
             on_add=self._claim_changed,
             on_update=lambda old, new: self._claim_changed(new, old),

@@ -40,6 +40,7 @@ def test_quick_fault_suite_prints_the_table_with_zeros_where_promised(
     rows = table_rows(capsys.readouterr().out)
     for prefix in FAULTS:
         assert any(r[0].startswith(prefix) for r in rows), f"no row for fault {prefix}"
+    assert any(r[0].startswith("(f3) ") for r in rows), "no row for fault (f3)"
     zero_rows = [r for r in rows if r[4] == "0"]
     assert len(zero_rows) >= 17  # (a) 5, (b) 2, (c) 4, (d) 3, (f1) 3
     assert [r for r in zero_rows if r[3] != "0"] == []
