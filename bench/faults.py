@@ -26,6 +26,8 @@ Rows, printed as one table (fault, runs, metric, value, promised); nothing is as
     count): the worst review latency of the controller-served webhook while each is being
     processed (its own review, and benign reviews sent all along), and how many claims of
     another driver the apiserver admitted meanwhile.
+(fairness) unsatisfiable claims in one namespace against another namespace's claim
+    (:mod:`bench.fault_fairness`).
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ import grpc
 import httpx
 import yaml
 
+from bench import fault_fairness
 from bench.common import (
     BenchClaim,
     BenchError,
@@ -936,6 +939,7 @@ def run(s: Settings, work: Path) -> list[Row]:
             controller_kubeconfig(api, cluster, work),
             work,
             extra_args=[f"--allocation-namespace={namespace}", "--log-level=warning"]
+            + fault_fairness.controller_args(namespace)
             + (
                 [f"--allocation-timeout={s.allocation_timeout}"]
                 if s.allocation_timeout is not None
@@ -953,6 +957,8 @@ def run(s: Settings, work: Path) -> list[Row]:
                     rows += hostile_claims(api, namespace, cluster, controller)
             finally:
                 unregister_webhook(api)
+            with phase("(fairness) unsatisfiable claims against another namespace's"):
+                rows += fault_fairness.rows(api, namespace, controller, s)
             with phase("(d) apiserver outage"):
                 rows += apiserver_outage(api, namespace, cluster, controller, s)
         finally:
