@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -76,6 +77,11 @@ class Options:
     allocation_namespaces: tuple[str, ...] = ()
     # Wall-clock seconds one claim's search may take (all nodes), in the worker process.
     allocation_timeout: float = 10.0
+    # Seconds a batch of fresh searches may take (controller.claims.fairqueue).
+    allocation_turn: float = 1.0
+    # Worker processes: 1, or 2 (fresh batches and slow claims side by side); 0: 2 where
+    # the machine has two cores or more.
+    allocation_workers: int = 0
     # The admission webhook, served over TLS in this process too when an address is given.
     webhook_address: str | None = None
     webhook_cert: Path | None = None
@@ -87,6 +93,12 @@ class Options:
 # the caches catch up within a second of its return: with the runtime's default cap of
 # 30 s they took 21-24 s after a 60 s outage, and no claim was allocated meanwhile.
 RETRY_CAP = 1.0
+
+
+def allocation_workers(asked: int) -> int:
+    """The allocation worker processes to run: ``asked``, or with 0, two where the machine
+    has two cores or more (the fresh and the slow lane side by side), else one."""
+    return asked if asked > 0 else (2 if (os.cpu_count() or 1) >= 2 else 1)
 
 
 def retry_backoff() -> Backoff:
@@ -110,7 +122,9 @@ class ControllerApp:
                 identity=options.identity or default_identity(),
             )
             self.elector = LeaderElector(client, config, self._lead, metrics=self.metrics)
-        self.allocation_worker = AllocationWorker()
+        self.allocation_workers = [
+            AllocationWorker() for _ in range(allocation_workers(options.allocation_workers))
+        ]
         self.serving = ServingThread()
         self.http: HTTPEndpoint | None = None
         self.webhook: WebhookServer | None = None
@@ -198,8 +212,10 @@ class ControllerApp:
             ClaimSettings(
                 fence_namespace=o.lease_namespace,  # fence claims live by the Lease
                 allocation_timeout=o.allocation_timeout,
+                allocation_turn=o.allocation_turn,
             ),
-            worker=self.allocation_worker,
+            worker=self.allocation_workers[0],
+            slow_worker=self.allocation_workers[1] if len(self.allocation_workers) > 1 else None,
         )
         waiting = self.claim_reconciler.waiting_keys
         return (
@@ -317,10 +333,13 @@ class ControllerApp:
         return servers
 
     async def _lead(self) -> None:
-        """Runs while this replica leads; cancelled when the Lease is lost."""
+        """Runs while this replica leads; cancelled when the Lease is lost. The allocation
+        workers start at once, not at the first claim (a start takes about 0.5 s)."""
         self._leading = True
         try:
             async with asyncio.TaskGroup() as group:  # one failing cancels the others
+                for worker in self.allocation_workers:
+                    group.create_task(worker.start(), name="allocation worker start")
                 for c in self.controllers:
                     group.create_task(c.run(), name=f"controller {c.name}")
         finally:
@@ -369,6 +388,7 @@ class ControllerApp:
                 await leading
             for informer in self.informers:
                 await informer.stop()
-            await self.allocation_worker.close()
+            for worker in self.allocation_workers:
+                await worker.close()
             await self.serving.stop()
             log.info("stopped")
