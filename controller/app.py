@@ -78,7 +78,7 @@ class Options:
     # Wall-clock seconds one claim's search may take (all nodes), in the worker process.
     allocation_timeout: float = 10.0
     # Seconds a batch of fresh searches may take (controller.claims.fairqueue).
-    allocation_turn: float = 1.0
+    allocation_turn: float = 0.5
     # Worker processes: 1, or 2 (fresh batches and slow claims side by side); 0: 2 where
     # the machine has two cores or more.
     allocation_workers: int = 0

@@ -169,7 +169,7 @@ def _add_work_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--allocation-turn",
         type=float,
-        default=1.0,
+        default=0.5,
         help="seconds one batch of fresh searches may take in the worker process; a search "
         "not done by then continues alone in the slow lane, with its full budget, so "
         "fresh claims wait at most about this long for the worker (default: %(default)s)",

@@ -122,6 +122,6 @@ class ClaimSettings:
 
     fence_namespace: str = "dradriver"
     allocation_timeout: float = 10.0
-    allocation_turn: float = 1.0
+    allocation_turn: float = 0.5
     retry_base: float = 1.0
     retry_cap: float = 60.0

@@ -14,6 +14,8 @@ Invariants:
   whole round trip is bounded by a short turn; a slow claim is searched alone, with its
   own budget, in the slow lane, so it never sits in a batch ahead of fresh claims. With
   two worker processes the lanes run side by side; with one, fresh batches go first.
+  A batch holds the claims of *light* namespaces only (less than a turn used lately)
+  while any waits, so a light namespace's claim waits at most for the batch in flight.
 * **Shrinking budget**: a claim's budget is the full one (``--allocation-timeout``)
   halved for every failed search since the last change that could help (an inventory
   change, devices freed: :meth:`FairQueue.changed`), down to ``floor``; a success or the
@@ -34,7 +36,7 @@ __all__ = ["FLOOR", "HALF_LIFE", "TURN", "FairQueue", "Pick"]
 
 T = TypeVar("T")
 
-TURN = 1.0
+TURN = 0.5
 """Seconds one batch of fresh claims may take in the worker; a search not done by then
 continues in the slow lane (seconds a fresh claim waits for the batch ahead, at most)."""
 FLOOR = 0.5
@@ -171,10 +173,15 @@ class FairQueue(Generic[T]):
         return entry
 
     def fresh(self, size: int) -> Pick[T]:
-        """Up to ``size`` fresh claims, round-robin across namespaces, within one turn."""
+        """Up to ``size`` fresh claims, round-robin across namespaces, within one turn.
+        While a *light* namespace (one that used less than a turn lately) waits, the batch
+        is of light namespaces only: a claim of theirs never waits in a batch for a turn
+        spent on a heavy namespace's claims (all of a batch are answered together)."""
         lane = self._lanes[0]
         pick: Pick[T] = Pick(turn=self.turn)
         order = self._order(lane)
+        light = [ns for ns in order if self.usage(ns) < self.turn]
+        order = light or order
         while order and len(pick.items) < size:
             for ns in order:
                 if ns in lane and len(pick.items) < size:
