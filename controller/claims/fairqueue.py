@@ -10,10 +10,11 @@ Invariants:
   ``half_life`` s), so a namespace with many waiting claims cannot fill every batch and
   one that used the worker a lot goes after the others.
 * **Two lanes**: a claim is *slow* once a search of it ran out of time (its budget, or
-  the turn of its batch: :data:`TURN` below). Fresh claims are searched in batches whose
-  whole round trip is bounded by a short turn; a slow claim is searched alone, with its
-  own budget, in the slow lane, so it never sits in a batch ahead of fresh claims. With
-  two worker processes the lanes run side by side; with one, fresh batches go first.
+  the turn of its batch: :data:`TURN` below), and so is every claim of its namespace for
+  :data:`SUSPECT` s after that. Fresh claims are searched in batches whose whole round
+  trip is bounded by a short turn; a slow claim is searched alone, with its own budget,
+  in the slow lane, so it never sits in a batch ahead of fresh claims. With two worker
+  processes the lanes run side by side; with one, fresh batches go first.
   A batch holds the claims of *light* namespaces only (less than a turn used lately)
   while any waits, so a light namespace's claim waits at most for the batch in flight.
 * **Shrinking budget**: a claim's budget is the full one (``--allocation-timeout``)
@@ -32,7 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
-__all__ = ["FLOOR", "HALF_LIFE", "TURN", "FairQueue", "Pick"]
+__all__ = ["FLOOR", "HALF_LIFE", "SUSPECT", "TURN", "FairQueue", "Pick"]
 
 T = TypeVar("T")
 
@@ -43,6 +44,8 @@ FLOOR = 0.5
 """Seconds: a budget is never halved below this (or the full budget, if smaller)."""
 HALF_LIFE = 30.0
 """Seconds over which a namespace's recorded worker time halves."""
+SUSPECT = 30.0
+"""Seconds a namespace's claims all go to the slow lane after one of them ran out of time."""
 
 
 @dataclass
@@ -79,12 +82,15 @@ class FairQueue(Generic[T]):
         turn: float = TURN,
         floor: float = FLOOR,
         half_life: float = HALF_LIFE,
+        suspect: float = SUSPECT,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.full = budget
         self.turn = min(turn, budget)
         self.floor = min(floor, budget)
         self.half_life = half_life
+        self.suspect = suspect
+        self._slow_since: dict[str, float] = {}  # namespace -> when a search of it ran out
         self.clock = clock
         self._lanes: tuple[dict[str, deque[tuple[str, T]]], ...] = ({}, {})  # fresh, slow
         self._records: dict[str, _Record] = {}
@@ -107,18 +113,27 @@ class FairQueue(Generic[T]):
         return max(self.floor, self.full * math.ldexp(1.0, -strikes))
 
     def is_slow(self, key: str) -> bool:
-        return key in self._records and self._records[key].slow
+        """Whether ``key`` is searched in the slow lane: it, or a claim of its namespace
+        in the last ``suspect`` s, ran out of time."""
+        if key in self._records and self._records[key].slow:
+            return True
+        since = self._slow_since.get(namespace_of(key))
+        return since is not None and self.clock() - since < self.suspect
+
+    def _ran_out(self, key: str) -> None:
+        self._record(key).slow = True
+        self._slow_since[namespace_of(key)] = self.clock()
 
     def failed(self, key: str, *, slow: bool) -> None:
         """A search of ``key`` found nothing; ``slow``: it ran out of time."""
-        record = self._record(key)
-        record.strikes += 1
-        record.slow = record.slow or slow
+        self._record(key).strikes += 1
+        if slow:
+            self._ran_out(key)
 
     def cut_short(self, key: str) -> None:
         """A search of ``key`` ran out of its batch's turn: it goes to the slow lane (its
         budget unchanged: it did not fail)."""
-        self._record(key).slow = True
+        self._ran_out(key)
 
     def succeeded(self, key: str) -> None:
         self._records.pop(key, None)
@@ -207,3 +222,7 @@ class FairQueue(Generic[T]):
             for ns in [ns for ns in self._usage if self.usage(ns) < 0.001]:
                 del self._usage[ns]
                 self._served.pop(ns, None)
+        if len(self._slow_since) > 64:
+            now = self.clock()
+            for ns in [ns for ns, at in self._slow_since.items() if now - at >= self.suspect]:
+                del self._slow_since[ns]

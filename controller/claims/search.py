@@ -3,12 +3,15 @@ found taken in the holdings.
 
 Invariants: who is searched next, in which lane and with what budget is
 :class:`~controller.claims.fairqueue.FairQueue`'s (fair across namespaces; slow claims
-alone, fresh ones in batches bounded by a turn; budgets halved per failure). Each lane runs
-its round trips one after the other; all claims of a batch see the same holdings (the
-worker keeps them apart); a device found is taken (:meth:`SearchBatches._take`) before
-any await, after checking it against everything taken meanwhile (by the other lane too,
-or seen by the informer), and given back if nobody will write it. So two lanes never hand
-out one device.
+alone, fresh ones in batches bounded by a turn; budgets halved per failure). A fresh
+claim's reconcile awaits its answer; a slow claim's does not (it would hold one of the
+claim workers for as long as the slow lane is busy): its search runs in the background,
+the answer is kept and the claim enqueued, and its next reconcile takes the answer.
+Each lane runs its round trips one after the other; all claims of a batch see the same
+holdings (the worker keeps them apart); a device found is taken (:meth:`SearchBatches._take`)
+before any await, after checking it against everything taken meanwhile (by the other
+lane too, or seen by the informer), and given back if nobody will write it. So two lanes
+never hand out one device.
 """
 
 from __future__ import annotations
@@ -40,17 +43,24 @@ from dradriver.runtime import RequeueAfter
 MAX_BATCH = 32
 """Claims per round trip to the allocation worker, at most."""
 
+Answered = tuple[AllocationAnswer, Obj | None]
+
 
 @dataclass
 class _Waiting:
-    """A claim waiting for its search; ``future`` gets the answer and the allocation taken."""
+    """A claim waiting for its search; ``future`` gets the answer and the allocation taken
+    (None: a search in the background, whose answer is kept for the next reconcile)."""
 
     key: str
     effective: Obj
     request: Request
-    future: asyncio.Future[tuple[AllocationAnswer, Obj | None]]
+    future: asyncio.Future[Answered] | None
     since: float
     turns: int = 0  # round trips it was sent in
+
+    @property
+    def wanted(self) -> bool:
+        return self.future is None or not self.future.done()
 
 
 class SearchBatches:
@@ -75,6 +85,8 @@ class SearchBatches:
         self.timeout = timeout
         self.queue: FairQueue[_Waiting] = FairQueue(timeout, turn=turn)
         self._lanes: dict[int, asyncio.Task[None]] = {}
+        self._background: set[str] = set()  # slow searches queued or running
+        self._ready: dict[str, tuple[Obj, AllocationAnswer]] = {}  # their answers
         self._inventory: SliceSnapshot | None = None
         self._inventory_generation = 0
         for informer in (sources.slices, sources.classes):
@@ -84,22 +96,22 @@ class SearchBatches:
                 on_delete=self._inventory_changed,
             )
 
-    @property
-    def worker(self) -> AllocationWorker:
-        """The worker of the fresh lane."""
-        return self.workers[0]
-
     def _inventory_changed(self, obj: Obj) -> None:
         self._inventory = None
+        self._ready.clear()
         self.queue.changed()
 
     def devices_freed(self) -> None:
         """A claim let go of devices: a search that failed may succeed now."""
         self.queue.changed()
+        for key in [k for k, (_e, a) in self._ready.items() if a.allocation is None]:
+            del self._ready[key]
 
     def forget(self, key: str) -> None:
         """Claim ``key`` was deleted."""
         self.queue.forget(key)
+        self._ready.pop(key, None)
+        self._background.discard(key)
 
     def inventory(self) -> SliceSnapshot:
         """The slices and classes to allocate from, as the worker takes them."""
@@ -112,14 +124,23 @@ class SearchBatches:
             )
         return self._inventory
 
-    async def search(
-        self, key: str, effective: Obj, request: Request
-    ) -> tuple[AllocationAnswer, Obj | None]:
+    async def search(self, key: str, effective: Obj, request: Request) -> Answered:
         """Claim ``key``'s search and, if it found one, the allocation with its devices
-        taken (:meth:`_take`). It waits for its turn (:mod:`controller.claims.fairqueue`)."""
-        future: asyncio.Future[tuple[AllocationAnswer, Obj | None]] = (
-            asyncio.get_running_loop().create_future()
-        )
+        taken (:meth:`_take`). A fresh claim waits for its turn; a slow one's search runs
+        in the background (module docstring) and this raises :class:`RequeueAfter` until
+        its answer is there."""
+        ready = self._ready.pop(key, None)
+        if ready is not None and ready[0] == effective:
+            answer = ready[1]
+            if answer.allocation is None:
+                return answer, None
+            return answer, self._take(key, answer, request)
+        if self.queue.is_slow(key):
+            self._in_background(_Waiting(key, effective, request, None, time.monotonic()))
+            raise RequeueAfter(
+                self.timeout, "searched alone in the slow lane (an earlier search ran out of time)"
+            )
+        future: asyncio.Future[Answered] = asyncio.get_running_loop().create_future()
         self.queue.push(key, _Waiting(key, effective, request, future, time.monotonic()))
         self._wake()
         try:
@@ -131,8 +152,19 @@ class SearchBatches:
                 self.context.holdings.unreserve(key)
             raise
 
+    def _in_background(self, w: _Waiting) -> None:
+        """Queue ``w``'s search in the slow lane (once); its reconcile does not wait."""
+        if w.future is not None and not w.future.done():
+            w.future.set_exception(
+                RequeueAfter(self.timeout, "its search continues alone in the slow lane")
+            )
+        if w.key not in self._background:
+            self._background.add(w.key)
+            self.queue.push(w.key, replace(w, future=None))
+            self._wake()
+
     def _wake(self) -> None:
-        """Start the lanes that have work and no task running."""
+        """Start the lanes that have no task running."""
         for lane in range(len(self.workers)):
             task = self._lanes.get(lane)
             if task is None or task.done():
@@ -152,7 +184,11 @@ class SearchBatches:
             pick = self._next(lane)
             if not pick.items:
                 return
-            live = [(w, budget) for _key, w, budget in pick.items if not w.future.done()]
+            live = [
+                (w, budget)
+                for key, w, budget in pick.items
+                if w.wanted and (w.future is not None or key in self._background)
+            ]
             if live:
                 await self._round(self.workers[lane], live, pick.turn)
 
@@ -174,6 +210,9 @@ class SearchBatches:
             answers = await worker.allocate_batch(jobs, self.inventory(), turn)
         except BaseException as e:
             for w, _budget in batch:
+                if w.future is None:
+                    self._background.discard(w.key)  # searched again at its next reconcile
+                    continue
                 if w.future.done():
                     continue
                 if isinstance(e, asyncio.CancelledError):
@@ -182,33 +221,37 @@ class SearchBatches:
                     w.future.set_exception(e)
             raise
         elapsed = time.monotonic() - now
-        requeued = False
         for (w, budget), answer in zip(batch, answers, strict=True):
             if answer.exhausted == NOT_RUN:
-                self.queue.push(w.key, w, front=True)
-                requeued = True
+                if self.queue.is_slow(w.key):  # its namespace's claims ran out meanwhile
+                    self._in_background(w)
+                else:
+                    self.queue.push(w.key, w, front=True)
                 continue
             self.queue.charge(w.key, answer.seconds)
             if answer.exhausted == TURN_ENDED:
                 self.queue.cut_short(w.key)
-                self.queue.push(w.key, w)
-                requeued = True
+                self._in_background(w)
                 continue
             stages.observe("search", elapsed)
             self._answer(w, replace(answer, budget=budget))
-        if requeued:
-            self._wake()
+        self._wake()
 
     def _answer(self, w: _Waiting, answer: AllocationAnswer) -> None:
-        if w.future.done():
-            return  # its reconcile was cancelled: nothing is taken for it
         if answer.allocation is None:
             self.queue.failed(w.key, slow=answer.exhausted == OUT_OF_TIME)
-            w.future.set_result((answer, None))
+        else:
+            self.queue.succeeded(w.key)
+        if w.future is None:  # in the background: kept for the claim's next reconcile
+            if w.key in self._background:
+                self._background.discard(w.key)
+                self._ready[w.key] = (w.effective, answer)
+                self.context.enqueue(w.key)
             return
-        self.queue.succeeded(w.key)
+        if w.future.done():
+            return  # its reconcile was cancelled: nothing is taken for it
         try:
-            allocation = self._take(w.key, answer, w.request)
+            allocation = None if answer.allocation is None else self._take(w.key, answer, w.request)
         except Exception as e:
             w.future.set_exception(e)
             return

@@ -366,10 +366,15 @@ def run_batch(
     was (the parent's copy)."""
     ends = None if turn is None else time.monotonic() + turn
     before: dict[str, tuple[Held, ...] | None] = {}
-    answers = []
+    answers: list[AllocationAnswer] = []
     try:
         for job in jobs:
-            left = job.budget if ends is None else ends - time.monotonic()
+            # The first job starts the turn: it has all of it, not the turn less the
+            # time taken to get here (a turn as long as its budget never cuts it short).
+            if ends is None or turn is None:
+                left = job.budget
+            else:
+                left = turn if not answers else ends - time.monotonic()
             if left <= 0:
                 answers.append(AllocationAnswer(None, "the batch's turn ended", NOT_RUN))
                 continue

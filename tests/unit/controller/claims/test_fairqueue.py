@@ -87,15 +87,19 @@ def test_the_budget_halves_per_failure_down_to_the_floor_and_resets() -> None:
 
 
 def test_slow_claims_go_alone_in_their_lane_and_fresh_batches_have_a_turn() -> None:
-    q, _ = queue(budget=10.0, turn=1.0)
+    q, clock = queue(budget=10.0, turn=1.0)
     q.failed("a/slow0", slow=True)
     q.cut_short("a/slow1")  # ran out of its batch's turn: slow, but did not fail
     q.cut_short("b/slow0")
-    for key in ("a/slow0", "a/slow1", "b/slow0", "a/fresh"):
+    for key in ("a/slow0", "a/slow1", "b/slow0", "c/fresh"):
         q.push(key, key)
     fresh = q.fresh(32)
-    assert [(k, b) for k, _i, b in fresh.items] == [("a/fresh", 10.0)] and fresh.turn == 1.0
+    assert [(k, b) for k, _i, b in fresh.items] == [("c/fresh", 10.0)] and fresh.turn == 1.0
     assert (q.waiting(slow=False), q.waiting(slow=True)) == (0, 3)
+    # A claim of a namespace whose claims ran out of time lately is slow too, for a while.
+    assert q.is_slow("a/new") and not q.is_slow("c/new")
+    clock.now += q.suspect
+    assert not q.is_slow("a/new") and q.is_slow("a/slow0")
     q.charge("a/slow0", 5.0)
     picks = [q.slow() for _ in range(4)]
     assert [[(k, b) for k, _i, b in p.items] for p in picks] == [
