@@ -85,7 +85,7 @@ def _allocated(api: AdminAPI, namespace: str, name: str) -> bool:
 
 
 @contextlib.contextmanager
-def _cleaned(api: AdminAPI, base: str) -> Iterator[None]:
+def _cleaned(api: AdminAPI, base: str, timeout: float) -> Iterator[None]:
     """Every claim of both namespaces deleted afterwards, and gone (the controller
     removes its finalizer) before the next round starts."""
     try:
@@ -98,7 +98,7 @@ def _cleaned(api: AdminAPI, base: str) -> Iterator[None]:
         wait_until(
             "the fairness row's claims deleted",
             lambda: not any(api.items(_claims(ns)) for ns in namespaces(base)),
-            faults.SETTLE_TIMEOUT,
+            timeout,
         )
 
 
@@ -110,7 +110,8 @@ def one_round(
     ns_a, ns_b = namespaces(base)
     selector_a = f'{faults.attr("group")} == "fa"'
     selector_b = f'{faults.attr("group")} == "fb"'
-    with _cleaned(api, base):
+    timeout = k * budget + 60  # the whole queue ahead, first come first served
+    with _cleaned(api, base, faults.SETTLE_TIMEOUT + k * budget):
         began = time.monotonic()
         for i in range(k):
             api.create(
@@ -127,7 +128,6 @@ def one_round(
             created.append((name, time.monotonic()))
             api.create(_claims(ns_b), faults.immediate_claim(name, selector_b))
         latencies: list[float | None] = []
-        timeout = k * budget + 60  # the whole queue ahead, first come first served
         watch = [controller.process] if controller.process is not None else []
         for name, sent in created:
 
