@@ -95,6 +95,9 @@ class Options:
 RETRY_CAP = 1.0
 
 
+SLOW_LANE_NICE = 10
+
+
 def allocation_workers(asked: int) -> int:
     """The allocation worker processes to run: ``asked``, or with 0, two where the machine
     has two cores or more (the fresh and the slow lane side by side), else one."""
@@ -122,8 +125,10 @@ class ControllerApp:
                 identity=options.identity or default_identity(),
             )
             self.elector = LeaderElector(client, config, self._lead, metrics=self.metrics)
+        # The second runs the slow lane, at a lower CPU priority than everything else here.
         self.allocation_workers = [
-            AllocationWorker() for _ in range(allocation_workers(options.allocation_workers))
+            AllocationWorker(nice=SLOW_LANE_NICE if n else 0)
+            for n in range(allocation_workers(options.allocation_workers))
         ]
         self.serving = ServingThread()
         self.http: HTTPEndpoint | None = None

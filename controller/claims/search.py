@@ -184,11 +184,14 @@ class SearchBatches:
             pick = self._next(lane)
             if not pick.items:
                 return
-            live = [
-                (w, budget)
-                for key, w, budget in pick.items
-                if w.wanted and (w.future is not None or key in self._background)
-            ]
+            live = []
+            for key, w, budget in pick.items:
+                if not w.wanted or (w.future is None and key not in self._background):
+                    continue
+                if pick.turn is not None and self.queue.is_slow(key):
+                    self._in_background(w)  # its namespace's claims ran out meanwhile
+                    continue
+                live.append((w, budget))
             if live:
                 await self._round(self.workers[lane], live, pick.turn)
 

@@ -186,11 +186,16 @@ class AllocationWorker:
     one thread of its own, so jobs from several loops queue behind each other.
     """
 
-    def __init__(self, grace: float = KILL_GRACE, command: Sequence[str] | None = None) -> None:
+    def __init__(
+        self, grace: float = KILL_GRACE, command: Sequence[str] | None = None, nice: int = 0
+    ) -> None:
+        """``nice``: added to the child's niceness (a lower CPU priority: the slow lane's
+        searches yield the CPU to the fresh lane, the event loop and the webhook)."""
         self.grace = grace
         self.stats = AllocationStats()
+        child = f"import os; os.nice({int(nice)}); {_CHILD}" if nice else _CHILD
         self._child = ChildWorker(
-            command or [sys.executable, "-c", _CHILD],
+            command or [sys.executable, "-c", child],
             PICKLE_FRAMES,
             _ready,
             start_timeout=START_TIMEOUT,

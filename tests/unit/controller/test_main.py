@@ -8,7 +8,13 @@ import os
 
 import pytest
 
-from controller.app import RETRY_CAP, ControllerApp, Options, allocation_workers
+from controller.app import (
+    RETRY_CAP,
+    SLOW_LANE_NICE,
+    ControllerApp,
+    Options,
+    allocation_workers,
+)
 from controller.claims.worker import START_TIMEOUT
 from controller.main import build_parser, main, options_from
 from dradriver.k8s.client import KubeClient
@@ -134,6 +140,16 @@ def test_the_allocation_workers_start_when_leadership_is_won_before_any_claim() 
             for w in app.allocation_workers:
                 assert w.pid is not None and w.pid != os.getpid()
                 os.kill(w.pid, 0)  # alive
+            # The slow lane's child runs at a lower CPU priority (nice +10).
+            fresh, slow = (w.pid for w in app.allocation_workers)
+            assert fresh is not None and slow is not None
+            mine = os.getpriority(os.PRIO_PROCESS, 0)
+            await eventually(  # the child lowers its priority first thing as it starts
+                "the slow lane's child at nice +10",
+                lambda: os.getpriority(os.PRIO_PROCESS, slow) == min(19, mine + SLOW_LANE_NICE),
+                START_TIMEOUT,
+            )
+            assert os.getpriority(os.PRIO_PROCESS, fresh) == mine
             assert app.claims.items() == []
             assert sum(w.stats.jobs for w in app.allocation_workers) == 0
         finally:
