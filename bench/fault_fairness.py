@@ -19,15 +19,17 @@ Alone (the fault suite's cluster and controller, this row only)::
 from __future__ import annotations
 
 import contextlib
+import os
+import shutil
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from bench import faults
 from bench.common import table
 from devtools.cluster.api import AdminAPI
-from devtools.cluster.wait import WaitTimeout, wait_until
+from devtools.cluster.wait import wait_until
 from devtools.harness.controller import ControllerProcess
 from dradriver.k8s.paths import RESOURCE_V1, path_for
 
@@ -106,11 +108,23 @@ def one_round(
     api: AdminAPI, base: str, controller: ControllerProcess, k: int, budget: float
 ) -> list[float | None]:
     """The latency of each probe claim with ``k`` unsatisfiable claims ahead (None: not
-    allocated within the timeout)."""
+    allocated within the timeout). The probes' claims are polled all along, between and
+    after their creations, so each is timed from its own creation."""
     ns_a, ns_b = namespaces(base)
     selector_a = f'{faults.attr("group")} == "fa"'
     selector_b = f'{faults.attr("group")} == "fb"'
     timeout = k * budget + 60  # the whole queue ahead, first come first served
+    seen: dict[str, float] = {}  # probe -> when first seen allocated
+
+    def poll_until(end: float, done: Callable[[], bool] = lambda: False) -> None:
+        while time.monotonic() < end and not done():
+            controller.check()
+            for c in api.items(_claims(ns_b)):
+                name = c["metadata"]["name"]
+                if name not in seen and (c.get("status") or {}).get("allocation"):
+                    seen[name] = time.monotonic()
+            time.sleep(POLL)  # the polling pace, not a synchronisation
+
     with _cleaned(api, base, faults.SETTLE_TIMEOUT + k * budget):
         began = time.monotonic()
         for i in range(k):
@@ -122,30 +136,12 @@ def one_round(
             )
         created: list[tuple[str, float]] = []
         for n, at in enumerate(PROBE_TIMES):
-            # The probes' creation times are the fault's schedule, not a synchronisation.
-            time.sleep(max(0.0, began + at - time.monotonic()))
+            poll_until(began + at)  # the probes' schedule is the fault's
             name = f"probe-{k}-{n}"
             created.append((name, time.monotonic()))
             api.create(_claims(ns_b), faults.immediate_claim(name, selector_b))
-        latencies: list[float | None] = []
-        watch = [controller.process] if controller.process is not None else []
-        for name, sent in created:
-
-            def allocated(n: str = name) -> bool:
-                return _allocated(api, ns_b, n)
-
-            try:
-                wait_until(
-                    f"claim {ns_b}/{name} allocated",
-                    allocated,
-                    max(1.0, sent + timeout - time.monotonic()),
-                    POLL,
-                    watch=watch,
-                )
-                latencies.append(time.monotonic() - sent)
-            except WaitTimeout:
-                latencies.append(None)
-        return latencies
+        poll_until(created[-1][1] + timeout, lambda: all(n in seen for n, _ in created))
+        return [seen[n] - sent if n in seen else None for n, sent in created]
 
 
 def rows(
@@ -200,7 +196,13 @@ def alone(argv: list[str] | None = None) -> None:
     s = faults.Settings(allocation_timeout=3) if "--quick" in args else faults.Settings()
     work = Path(tempfile.mkdtemp(prefix="drff-", dir="/tmp"))
     layout = isolated_layout(work)
-    with running_cluster(layout) as (cluster, _state, _started), cluster.api() as api:
+    with (
+        contextlib.ExitStack() as cleanup,
+        running_cluster(layout) as (cluster, _state, _started),
+        cluster.api() as api,
+    ):
+        if os.environ.get("DRADRIVER_BENCH_KEEP") is None:
+            cleanup.callback(shutil.rmtree, work, ignore_errors=True)
         api.create(
             path_for(RESOURCE_V1, "deviceclasses"),
             {
