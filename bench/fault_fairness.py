@@ -1,4 +1,4 @@
-"""Row (fairness) of :mod:`bench.faults`: one namespace's unsatisfiable claims against
+"""Row (f2) of :mod:`bench.faults`: one namespace's unsatisfiable claims against
 another namespace's claim.
 
 K claims that can never be satisfied (``count: 17`` with a ``distinctAttribute`` over 16
@@ -173,7 +173,7 @@ def rows(
         every = ", ".join("-" if x is None else f"{x:.2f}" for x in latencies)
         out.append(
             faults.Row(
-                f"(fairness) {k} unsatisfiable claims in one namespace",
+                f"(f2) {k} unsatisfiable claims in one namespace",
                 len(latencies),
                 f"other namespace's claim allocated, worst s ({every})",
                 worst,

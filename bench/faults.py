@@ -26,7 +26,7 @@ Rows, printed as one table (fault, runs, metric, value, promised); nothing is as
     count): the worst review latency of the controller-served webhook while each is being
     processed (its own review, and benign reviews sent all along), and how many claims of
     another driver the apiserver admitted meanwhile.
-(fairness) unsatisfiable claims in one namespace against another namespace's claim
+(f2) unsatisfiable claims in one namespace against another namespace's claim
     (:mod:`bench.fault_fairness`).
 """
 
@@ -957,7 +957,7 @@ def run(s: Settings, work: Path) -> list[Row]:
                     rows += hostile_claims(api, namespace, cluster, controller)
             finally:
                 unregister_webhook(api)
-            with phase("(fairness) unsatisfiable claims against another namespace's"):
+            with phase("(f2) unsatisfiable claims against another namespace's"):
                 rows += fault_fairness.rows(api, namespace, controller, s)
             with phase("(d) apiserver outage"):
                 rows += apiserver_outage(api, namespace, cluster, controller, s)
