@@ -29,6 +29,8 @@ Rows, printed as one table (fault, runs, metric, value, promised); nothing is as
 (f1) immediate claims of another driver's class: what the controller did to them
     (:mod:`bench.fault_scope`).
 (f3) a claim nested too deep to decode across a controller restart (bench/fault_unreadable.py).
+(f2) unsatisfiable claims in one namespace against another namespace's claim
+    (:mod:`bench.fault_fairness`).
 """
 
 from __future__ import annotations
@@ -56,6 +58,7 @@ import grpc
 import httpx
 import yaml
 
+from bench import fault_fairness
 from bench.common import (
     BenchClaim,
     BenchError,
@@ -941,6 +944,7 @@ def run(s: Settings, work: Path) -> list[Row]:
             controller_kubeconfig(api, cluster, work),
             work,
             extra_args=[f"--allocation-namespace={namespace}", "--log-level=warning"]
+            + fault_fairness.controller_args(namespace)
             + (
                 [f"--allocation-timeout={s.allocation_timeout}"]
                 if s.allocation_timeout is not None
@@ -960,6 +964,8 @@ def run(s: Settings, work: Path) -> list[Row]:
                 unregister_webhook(api)
             with phase("(f1) claims of another driver's class"):
                 rows += [Row(*r) for r in other_driver_claims(api, namespace, controller)]
+            with phase("(f2) unsatisfiable claims against another namespace's"):
+                rows += fault_fairness.rows(api, namespace, controller, s)
             with phase("(d) apiserver outage"):
                 rows += apiserver_outage(api, namespace, cluster, controller, s)
             with phase("(f3) a claim too deep to decode, controller restarted"):

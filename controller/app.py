@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -78,6 +79,11 @@ class Options:
     allocation_drivers: tuple[str, ...] = ()
     # Wall-clock seconds one claim's search may take (all nodes), in the worker process.
     allocation_timeout: float = 10.0
+    # Seconds a batch of fresh searches may take (controller.claims.fairqueue).
+    allocation_turn: float = 0.5
+    # Worker processes: 1, or 2 (fresh batches and slow claims side by side); 0: 2 where
+    # the machine has two cores or more.
+    allocation_workers: int = 0
     # The admission webhook, served over TLS in this process too when an address is given.
     webhook_address: str | None = None
     webhook_cert: Path | None = None
@@ -89,6 +95,15 @@ class Options:
 # the caches catch up within a second of its return: with the runtime's default cap of
 # 30 s they took 21-24 s after a 60 s outage, and no claim was allocated meanwhile.
 RETRY_CAP = 1.0
+
+
+SLOW_LANE_NICE = 10
+
+
+def allocation_workers(asked: int) -> int:
+    """The allocation worker processes to run: ``asked``, or with 0, two where the machine
+    has two cores or more (the fresh and the slow lane side by side), else one."""
+    return asked if asked > 0 else (2 if (os.cpu_count() or 1) >= 2 else 1)
 
 
 def retry_backoff() -> Backoff:
@@ -112,7 +127,11 @@ class ControllerApp:
                 identity=options.identity or default_identity(),
             )
             self.elector = LeaderElector(client, config, self._lead, metrics=self.metrics)
-        self.allocation_worker = AllocationWorker()
+        # The second runs the slow lane, at a lower CPU priority than everything else here.
+        self.allocation_workers = [
+            AllocationWorker(nice=SLOW_LANE_NICE if n else 0)
+            for n in range(allocation_workers(options.allocation_workers))
+        ]
         self.serving = ServingThread()
         self.http: HTTPEndpoint | None = None
         self.webhook: WebhookServer | None = None
@@ -201,8 +220,10 @@ class ControllerApp:
             ClaimSettings(
                 fence_namespace=o.lease_namespace,  # fence claims live by the Lease
                 allocation_timeout=o.allocation_timeout,
+                allocation_turn=o.allocation_turn,
             ),
-            worker=self.allocation_worker,
+            worker=self.allocation_workers[0],
+            slow_worker=self.allocation_workers[1] if len(self.allocation_workers) > 1 else None,
         )
         waiting = self.claim_reconciler.waiting_keys
         return (
@@ -320,10 +341,13 @@ class ControllerApp:
         return servers
 
     async def _lead(self) -> None:
-        """Runs while this replica leads; cancelled when the Lease is lost."""
+        """Runs while this replica leads; cancelled when the Lease is lost. The allocation
+        workers start at once, not at the first claim (a start takes about 0.5 s)."""
         self._leading = True
         try:
             async with asyncio.TaskGroup() as group:  # one failing cancels the others
+                for worker in self.allocation_workers:
+                    group.create_task(worker.start(), name="allocation worker start")
                 for c in self.controllers:
                     group.create_task(c.run(), name=f"controller {c.name}")
         finally:
@@ -372,6 +396,7 @@ class ControllerApp:
                 await leading
             for informer in self.informers:
                 await informer.stop()
-            await self.allocation_worker.close()
+            for worker in self.allocation_workers:
+                await worker.close()
             await self.serving.stop()
             log.info("stopped")

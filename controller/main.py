@@ -176,6 +176,23 @@ def _add_work_flags(parser: argparse.ArgumentParser) -> None:
         "dradriver.dev/allocation-status annotation naming this budget, and is retried "
         "with backoff (default: %(default)s, the scheduler's timeout per node)",
     )
+    parser.add_argument(
+        "--allocation-turn",
+        type=float,
+        default=0.5,
+        help="seconds one batch of fresh searches may take in the worker process; a search "
+        "not done by then continues alone in the slow lane, with its full budget, so "
+        "fresh claims wait at most about this long for the worker (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--allocation-workers",
+        type=int,
+        default=0,
+        choices=(0, 1, 2),
+        help="allocation worker processes: 1 (slow searches wait while fresh batches "
+        "wait), 2 (fresh batches and slow searches side by side), 0: 2 where the machine "
+        "has two cores or more (default: %(default)s)",
+    )
 
 
 def options_from(args: argparse.Namespace) -> Options:
@@ -210,6 +227,8 @@ def options_from(args: argparse.Namespace) -> Options:
             raise ValueError(f"--allocation-driver {pattern!r}: {e}") from e
     if not args.allocation_timeout > 0:
         raise ValueError("--allocation-timeout must be a positive number of seconds")
+    if not args.allocation_turn > 0:
+        raise ValueError("--allocation-turn must be a positive number of seconds")
     try:
         LeaderElectionConfig(
             args.lease_namespace,
@@ -237,6 +256,8 @@ def options_from(args: argparse.Namespace) -> Options:
         allocation_namespaces=tuple(args.allocation_namespaces),
         allocation_drivers=tuple(args.allocation_drivers),
         allocation_timeout=args.allocation_timeout,
+        allocation_turn=args.allocation_turn,
+        allocation_workers=args.allocation_workers,
         webhook_address=args.webhook_address,
         webhook_cert=None if args.webhook_address is None else Path(args.webhook_cert),
         webhook_key=None if args.webhook_address is None else Path(args.webhook_key),

@@ -126,10 +126,13 @@ class ClaimSettings:
 
     ``fence_namespace``: where fence claims live; ``allocation_timeout``: wall-clock
     seconds one claim's search may take (``--allocation-timeout``); ``retry_base`` and
-    ``retry_cap``: the backoff, in seconds, of a claim that cannot be allocated.
+    ``retry_cap``: the backoff, in seconds, of a claim that cannot be allocated;
+    ``allocation_turn``: seconds a batch of fresh searches may take (``--allocation-turn``,
+    :mod:`controller.claims.fairqueue`).
     """
 
     fence_namespace: str = "dradriver"
     allocation_timeout: float = 10.0
+    allocation_turn: float = 0.5
     retry_base: float = 1.0
     retry_cap: float = 60.0

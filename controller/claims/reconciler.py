@@ -83,6 +83,7 @@ class ClaimReconciler:
         sources: ClaimSources,
         settings: ClaimSettings | None = None,
         worker: AllocationWorker | None = None,
+        slow_worker: AllocationWorker | None = None,
     ) -> None:
         self.context = context
         self.sources = sources
@@ -95,11 +96,14 @@ class ClaimReconciler:
         self.fencing = Fencing(context, self.settings.fence_namespace)
         self.conflicts = ConflictHold(context, self.fencing)
         self.foreign = ForeignClaims(context, sources.classes)
+        workers = [worker if worker is not None else AllocationWorker()]
+        workers += [slow_worker] if slow_worker is not None else []
         self.searches = SearchBatches(
             context,
             sources,
-            worker if worker is not None else AllocationWorker(),
+            workers,
             self.settings.allocation_timeout,
+            self.settings.allocation_turn,
         )
         self.unallocatable: set[str] = set()
         self.failures: dict[str, int] = {}
@@ -159,6 +163,7 @@ class ClaimReconciler:
         self.stages.forget(key)
         self.failures.pop(key, None)
         self.out_of_budget.pop(key, None)
+        self.searches.forget(key)
         self.scheduler.forget(key)
         self.unallocatable.discard(key)
         self.foreign.forget(key)
@@ -168,6 +173,7 @@ class ClaimReconciler:
             self._devices_freed()
 
     def _devices_freed(self) -> None:
+        self.searches.devices_freed()  # a search that failed gets its full budget again
         for key in list(self.unallocatable):
             self.context.enqueue(key)
 

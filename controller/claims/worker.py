@@ -31,6 +31,10 @@ with the search in a child process (2-CPU dev VM). So allocations run in a child
   stays the parent's). A round trip costs far more than a small search (about 50 ms
   against 0.4-1.5 ms for one claim over 10,000 devices on the loaded 2-CPU dev VM: pipe,
   thread and process wake-ups), so claims that wait for the worker go together.
+* **Turns**: a batch may be given a *turn*, seconds the whole batch may take: each job
+  gets what is left of it (at most its budget); a job cut short by the turn is answered
+  :data:`TURN_ENDED`, the jobs after it :data:`NOT_RUN` (see
+  :mod:`controller.claims.fairqueue`). The child is killed at the turn plus the grace.
 
 The process handling is :class:`dradriver.runtime.childworker.ChildWorker`'s. Protocol
 (:data:`~dradriver.runtime.childworker.PICKLE_FRAMES`) on the child's stdin and (a
@@ -77,6 +81,8 @@ from dradriver.runtime.childworker import (
 
 __all__ = [
     "KILL_GRACE",
+    "NOT_RUN",
+    "TURN_ENDED",
     "AllocationAnswer",
     "AllocationJob",
     "AllocationStats",
@@ -93,6 +99,10 @@ KILL_GRACE = 10.0
 """Seconds past its budget a job may take before the child is killed (one CEL worker
 evaluation may take 5 s before it is stopped; the inventory is unpickled and indexed)."""
 START_TIMEOUT = 60.0
+TURN_ENDED = "turn"
+"""``exhausted`` of a job cut short by its batch's turn (not by its own budget)."""
+NOT_RUN = "not-run"
+"""``exhausted`` of a job not started: its batch's turn had ended."""
 _CHILD = "from controller.claims.worker import main; main()"
 
 
@@ -127,13 +137,15 @@ class AllocationAnswer:
     """The allocation, or why not (``message``, the explanation's summary).
 
     ``exhausted``: ``"time"`` when the budget ran out, ``"steps"`` when the allocator's
-    step budget did (on some node), else None.
+    step budget did (on some node), :data:`TURN_ENDED` or :data:`NOT_RUN` (the batch's
+    turn), else None. ``budget``: the seconds the search was given (set by the parent).
     """
 
     allocation: Obj | None
     message: str = ""
     exhausted: str | None = None
     seconds: float = 0.0
+    budget: float = 0.0
 
 
 @dataclass
@@ -174,11 +186,16 @@ class AllocationWorker:
     one thread of its own, so jobs from several loops queue behind each other.
     """
 
-    def __init__(self, grace: float = KILL_GRACE, command: Sequence[str] | None = None) -> None:
+    def __init__(
+        self, grace: float = KILL_GRACE, command: Sequence[str] | None = None, nice: int = 0
+    ) -> None:
+        """``nice``: added to the child's niceness (a lower CPU priority: the slow lane's
+        searches yield the CPU to the fresh lane, the event loop and the webhook)."""
         self.grace = grace
         self.stats = AllocationStats()
+        child = f"import os; os.nice({int(nice)}); {_CHILD}" if nice else _CHILD
         self._child = ChildWorker(
-            command or [sys.executable, "-c", _CHILD],
+            command or [sys.executable, "-c", child],
             PICKLE_FRAMES,
             _ready,
             start_timeout=START_TIMEOUT,
@@ -198,14 +215,14 @@ class AllocationWorker:
         return (await self.allocate_batch([job], inventory))[0]
 
     async def allocate_batch(
-        self, jobs: Sequence[AllocationJob], inventory: SliceSnapshot
+        self, jobs: Sequence[AllocationJob], inventory: SliceSnapshot, turn: float | None = None
     ) -> list[AllocationAnswer]:
-        """One answer per job, in order (module docstring, *Batches*); the jobs share the
-        first one's holdings. A failure or an overrun answers every job of the batch."""
+        """One answer per job, in order (module docstring, *Batches*, *Turns*); the jobs
+        share the first one's holdings. A failure or an overrun answers every job."""
         loop = asyncio.get_running_loop()
         abandoned = threading.Event()
         future = loop.run_in_executor(
-            self._executor, self._roundtrip, list(jobs), inventory, abandoned
+            self._executor, self._roundtrip, list(jobs), inventory, abandoned, turn
         )
         try:
             return await asyncio.shield(future)
@@ -214,6 +231,15 @@ class AllocationWorker:
             abandoned.set()
             self._child.interrupt()
             raise
+
+    async def start(self) -> None:
+        """Start the child now (when leadership is won) rather than at the first job; a
+        child that fails to start is logged, and the first job tries again."""
+        loop = asyncio.get_running_loop()
+        try:
+            await loop.run_in_executor(self._executor, self._start)
+        except (WorkerError, OSError) as e:
+            log.warning("allocation worker did not start", error=str(e))
 
     async def close(self) -> None:
         """Stop the child (it exits at the end of its input) and the I/O thread."""
@@ -227,8 +253,20 @@ class AllocationWorker:
 
     # --- in the I/O thread --------------------------------------------------------------
 
+    def _start(self) -> None:
+        try:
+            if self._child.ensure_started():
+                self._generation, self._holdings = None, {}
+        except WorkerError:
+            self._stop(kill=True)
+            raise
+
     def _roundtrip(
-        self, jobs: list[AllocationJob], inventory: SliceSnapshot, abandoned: threading.Event
+        self,
+        jobs: list[AllocationJob],
+        inventory: SliceSnapshot,
+        abandoned: threading.Event,
+        turn: float | None = None,
     ) -> list[AllocationAnswer]:
         def every(answer: AllocationAnswer) -> list[AllocationAnswer]:
             return [answer] * len(jobs)
@@ -239,12 +277,14 @@ class AllocationWorker:
         self.stats.batches += 1
         started = time.monotonic()
         budget = sum(job.budget for job in jobs)
+        if turn is not None:
+            budget = min(budget, turn)
         try:
             if self._child.ensure_started():
                 self._generation, self._holdings = None, {}
             if abandoned.is_set():  # cancelled meanwhile
                 return every(AllocationAnswer(None, "abandoned"))
-            reply = self._exchange(jobs, inventory, budget + self.grace)
+            reply = self._exchange(jobs, inventory, turn, budget + self.grace)
         except WorkerTimeout:
             self._stop(kill=True)
             log.warning(
@@ -272,7 +312,13 @@ class AllocationWorker:
             return every(AllocationAnswer(None, f"the allocating process answered {reply!r}"))
         return reply
 
-    def _exchange(self, jobs: list[AllocationJob], inventory: SliceSnapshot, timeout: float) -> Any:
+    def _exchange(
+        self,
+        jobs: list[AllocationJob],
+        inventory: SliceSnapshot,
+        turn: float | None,
+        timeout: float,
+    ) -> Any:
         """Send the jobs with what the child lacks (module docstring); its reply."""
         send = inventory if self._generation != inventory.generation else None
         base = self._holdings
@@ -280,7 +326,7 @@ class AllocationWorker:
         changed = {k: v for k, v in holdings.items() if base.get(k) is not v}
         removed = [k for k in base if k not in holdings]
         bare = [replace(job, holdings={}) for job in jobs]
-        self._child.send((send, changed, removed, bare))
+        self._child.send((send, changed, removed, bare, turn))
         self._holdings = holdings
         if send is not None:
             self.stats.inventories_sent += 1
@@ -300,14 +346,14 @@ def main() -> None:
     allocator: Allocator | None = None
     state = AllocatedState()
     for payload in end.requests():
-        inventory, changed, removed, jobs = PICKLE_FRAMES.decode(payload)
+        inventory, changed, removed, jobs, turn = PICKLE_FRAMES.decode(payload)
         state.update(changed, removed)
         try:
             if inventory is not None:
                 allocator = Allocator(SliceInventory(inventory.slices, inventory.classes))
             if allocator is None:
                 raise RuntimeError("no inventory was sent")
-            answers = run_batch(allocator, state, jobs)
+            answers = run_batch(allocator, state, jobs, turn)
         except Exception as e:  # a bug must cost the claims, not the worker
             failed = AllocationAnswer(None, f"allocation failed: {type(e).__name__}: {e}")
             answers = [failed] * len(jobs)
@@ -315,15 +361,31 @@ def main() -> None:
 
 
 def run_batch(
-    allocator: Allocator, state: AllocatedState, jobs: Sequence[AllocationJob]
+    allocator: Allocator,
+    state: AllocatedState,
+    jobs: Sequence[AllocationJob],
+    turn: float | None = None,
 ) -> list[AllocationAnswer]:
-    """Run ``jobs`` in order, each against ``state`` plus what the earlier ones got; then
-    ``state`` is as it was (the parent's copy)."""
+    """Run ``jobs`` in order, each against ``state`` plus what the earlier ones got, within
+    ``turn`` seconds in all if given (module docstring, *Turns*); then ``state`` is as it
+    was (the parent's copy)."""
+    ends = None if turn is None else time.monotonic() + turn
     before: dict[str, tuple[Held, ...] | None] = {}
-    answers = []
+    answers: list[AllocationAnswer] = []
     try:
         for job in jobs:
-            answer = run_job(allocator, state, job)
+            # The first job starts the turn: it has all of it, not the turn less the
+            # time taken to get here (a turn as long as its budget never cuts it short).
+            if ends is None or turn is None:
+                left = job.budget
+            else:
+                left = turn if not answers else ends - time.monotonic()
+            if left <= 0:
+                answers.append(AllocationAnswer(None, "the batch's turn ended", NOT_RUN))
+                continue
+            answer = run_job(allocator, state, replace(job, budget=min(job.budget, left)))
+            if answer.exhausted == OUT_OF_TIME and left < job.budget:
+                answer = replace(answer, exhausted=TURN_ENDED)
             answers.append(answer)
             if answer.allocation is not None:
                 key = claim_key(job.claim)

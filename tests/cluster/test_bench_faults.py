@@ -17,7 +17,7 @@ import pytest
 from bench import faults
 
 HEADER = ["fault", "runs", "metric", "value", "promised"]
-FAULTS = ("(a) ", "(b) ", "(c) ", "(d) ", "(e) ", "(f1) ")
+FAULTS = ("(a) ", "(b) ", "(c) ", "(d) ", "(e) ", "(f1) ", "(f2) ")
 
 
 def table_rows(out: str) -> list[list[str]]:
@@ -53,3 +53,6 @@ def test_quick_fault_suite_prints_the_table_with_zeros_where_promised(
         match = re.fullmatch(r"(\d+)/(\d+)", r[3])
         assert match is not None and int(match[2]) > 0, r
         assert match[1] == match[2], r
+    # Every claim of the other namespace was allocated (the latency is printed only).
+    fair = [r for r in rows if r[0].startswith("(f2) ")]
+    assert len(fair) == 2 and all(re.fullmatch(r"\d+\.\d\d", r[3]) for r in fair), fair

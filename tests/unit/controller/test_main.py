@@ -3,12 +3,29 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
 
 import pytest
 
-from controller.app import RETRY_CAP, ControllerApp, Options
+from controller.app import (
+    RETRY_CAP,
+    SLOW_LANE_NICE,
+    ControllerApp,
+    Options,
+    allocation_workers,
+)
+from controller.claims.worker import START_TIMEOUT
 from controller.main import build_parser, main, options_from
 from dradriver.k8s.client import KubeClient
+from dradriver.runtime import LeaderElectionConfig, LeaderElector
+from tests.unit.dradriver.runtime.test_leaderelection import (
+    LEASE,
+    RENEW,
+    RETRY,
+    LeaseStore,
+    eventually,
+)
 
 
 def test_help_lists_the_flags(capsys: pytest.CaptureFixture[str]) -> None:
@@ -47,6 +64,7 @@ def test_defaults() -> None:
         (["--http-address", "nowhere"], "--http-address"),
         (["--workers", "0"], "--workers"),
         (["--allocation-timeout", "0"], "--allocation-timeout must be a positive number"),
+        (["--allocation-turn", "-1"], "--allocation-turn must be a positive number"),
         (["--renew-deadline", "20"], "lease_duration must be greater than renew_deadline"),
         (["--retry-period", "9"], "renew_deadline must be greater than retry_period"),
         (["--allocation-driver", "*"], "--allocation-driver '*': name '*' is not a DNS"),
@@ -102,3 +120,54 @@ def test_every_cache_retries_a_failed_list_or_watch_within_a_second() -> None:
             assert max(delays) <= RETRY_CAP * (1 + informer._backoff.jitter), informer.name
 
     asyncio.run(scenario())
+
+
+def test_the_allocation_workers_start_when_leadership_is_won_before_any_claim() -> None:
+    """A replica that wins the Lease starts its allocation worker processes at once: the
+    first claim does not wait for a child to start (about 0.5 s). No claim exists here
+    (the informers are never started), so only the leadership can have started them."""
+
+    async def scenario() -> None:
+        app = ControllerApp(Options(driver_name="dradriver.dev", allocation_workers=2), _NoServer())
+        store = LeaseStore()
+        config = LeaderElectionConfig(
+            "ns", "lease", "me", lease_duration=LEASE, renew_deadline=RENEW, retry_period=RETRY
+        )
+        app.elector = LeaderElector(store.client(), config, app._lead)
+        assert [w.pid for w in app.allocation_workers] == [None, None]
+        electing = asyncio.create_task(app.elector.run())
+        try:
+            await eventually("leadership", lambda: app.is_leader())
+            await eventually(
+                "both allocation workers' children",
+                lambda: all(w.pid is not None for w in app.allocation_workers),
+                START_TIMEOUT,
+            )
+            for w in app.allocation_workers:
+                assert w.pid is not None and w.pid != os.getpid()
+                os.kill(w.pid, 0)  # alive
+            # The slow lane's child runs at a lower CPU priority (nice +10).
+            fresh, slow = (w.pid for w in app.allocation_workers)
+            assert fresh is not None and slow is not None
+            mine = os.getpriority(os.PRIO_PROCESS, 0)
+            await eventually(  # the child lowers its priority first thing as it starts
+                "the slow lane's child at nice +10",
+                lambda: os.getpriority(os.PRIO_PROCESS, slow) == min(19, mine + SLOW_LANE_NICE),
+                START_TIMEOUT,
+            )
+            assert os.getpriority(os.PRIO_PROCESS, fresh) == mine
+            assert app.claims.items() == []
+            assert sum(w.stats.jobs for w in app.allocation_workers) == 0
+        finally:
+            electing.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await electing
+            for w in app.allocation_workers:
+                await w.close()
+
+    asyncio.run(scenario())
+
+
+def test_two_allocation_workers_where_cores_allow() -> None:
+    assert allocation_workers(1) == 1 and allocation_workers(2) == 2
+    assert allocation_workers(0) == (2 if (os.cpu_count() or 1) >= 2 else 1)

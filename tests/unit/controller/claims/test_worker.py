@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import time
 from collections.abc import Iterator
 from typing import Any, cast
 
@@ -13,7 +14,13 @@ import pytest
 
 from controller.claims.context import ClaimContext, ClaimSettings, ClaimSources
 from controller.claims.reconciler import ClaimReconciler
-from controller.claims.worker import AllocationJob, AllocationWorker, SliceSnapshot
+from controller.claims.worker import (
+    NOT_RUN,
+    TURN_ENDED,
+    AllocationJob,
+    AllocationWorker,
+    SliceSnapshot,
+)
 from dradriver.allocator import AllocatedState, node_info
 from dradriver.api.wellknown import ALLOCATION_ANNOTATION, FINALIZER, STATUS_ANNOTATION
 from dradriver.k8s.objects import Obj
@@ -124,19 +131,29 @@ def test_a_search_out_of_time_is_an_answer_and_the_child_stays(worker: Allocatio
     run(scenario())
 
 
-def test_a_child_that_stops_answering_is_killed_and_replaced() -> None:
+KILL_MARGIN = 2.0
+"""Seconds past budget + grace by which a stuck child must be gone (a kill and a reap on a
+loaded machine take a fraction of that; a child that is not killed never answers)."""
+
+
+def test_a_child_that_stops_answering_is_killed_within_its_budget_and_replaced() -> None:
     async def scenario() -> None:
         worker = AllocationWorker(grace=0.2)
         try:
             assert (await worker.allocate(job(pathological(count=1)), INVENTORY)).allocation
             stuck = worker.pid
             assert stuck is not None
-            # A real fault on the real child: it stops answering (as a selector stuck in C
-            # would); the budget and the grace pass, the child is killed.
+            # The fault: SIGSTOP on the real child, which then never answers (as a selector
+            # stuck in C would). The budget and the grace pass, and the child is killed.
             os.kill(stuck, signal.SIGSTOP)
-            answer = await worker.allocate(job(pathological(count=1), budget=0.1), INVENTORY)
+            began = time.monotonic()
+            answer = await asyncio.wait_for(
+                worker.allocate(job(pathological(count=1), budget=0.5), INVENTORY),
+                0.5 + 0.2 + KILL_MARGIN,  # the deadline: budget + grace + margin
+            )
+            assert time.monotonic() - began >= 0.5 + 0.2  # not before its budget and grace
             assert answer.allocation is None and answer.exhausted == "time"
-            assert answer.message == "no answer within the budget of 0.1 s (stopped)"
+            assert answer.message == "no answer within the budget of 0.5 s (stopped)"
             assert worker.stats.kills == 1
             with pytest.raises(ProcessLookupError):
                 os.kill(stuck, 0)  # gone (and reaped)
@@ -145,6 +162,45 @@ def test_a_child_that_stops_answering_is_killed_and_replaced() -> None:
             assert worker.pid not in (None, stuck) and worker.stats.starts == 2
         finally:
             await worker.close()
+
+    run(scenario())
+
+
+def test_a_stuck_batch_with_a_turn_is_killed_at_the_turn_not_the_sum_of_its_budgets() -> None:
+    """A batch of fresh searches may take its turn, not the sum of its jobs' budgets: a
+    child stuck in it is killed at turn + grace (here 0.4 s, against 3 x 30 s)."""
+
+    async def scenario() -> None:
+        worker = AllocationWorker(grace=0.2)
+        try:
+            await worker.start()
+            stuck = worker.pid
+            assert stuck is not None
+            os.kill(stuck, signal.SIGSTOP)  # the fault, as above
+            jobs = [job(pathological(f"c{i}", count=1), budget=30.0) for i in range(3)]
+            answers = await asyncio.wait_for(
+                worker.allocate_batch(jobs, INVENTORY, turn=0.2), 0.2 + 0.2 + KILL_MARGIN
+            )
+            assert [a.message for a in answers] == [
+                "no answer within the budget of 0.2 s (stopped)"
+            ] * 3
+            with pytest.raises(ProcessLookupError):
+                os.kill(stuck, 0)
+        finally:
+            await worker.close()
+
+    run(scenario())
+
+
+def test_a_batch_turn_cuts_the_search_short_and_leaves_the_rest_unrun(
+    worker: AllocationWorker,
+) -> None:
+    async def scenario() -> None:
+        jobs = [job(pathological(f"p{i}"), budget=30.0) for i in range(2)]
+        jobs.append(job(pathological("easy", count=1), budget=30.0))
+        answers = await worker.allocate_batch(jobs, INVENTORY, turn=0.3)
+        assert [a.exhausted for a in answers] == [TURN_ENDED, NOT_RUN, NOT_RUN]
+        assert 0.3 <= answers[0].seconds < 0.3 + KILL_MARGIN
 
     run(scenario())
 
