@@ -53,7 +53,12 @@ class Rig:
         self.api = FakeAPIServer()
         self.claims = FakeInformer()
         self.rec = ClaimReconciler(
-            ClaimContext.create(cast(Any, self.api), "dradriver.dev", cast(Any, self.claims)),
+            ClaimContext.create(
+                cast(Any, self.api),
+                "dradriver.dev",
+                cast(Any, self.claims),
+                allocation_drivers=[DRIVER],
+            ),
             ClaimSources(
                 cast(Any, FakeInformer()),
                 cast(Any, FakeInformer(*slices())),
