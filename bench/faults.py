@@ -26,6 +26,8 @@ Rows, printed as one table (fault, runs, metric, value, promised); nothing is as
     count): the worst review latency of the controller-served webhook while each is being
     processed (its own review, and benign reviews sent all along), and how many claims of
     another driver the apiserver admitted meanwhile.
+(4), (5), (6) the controller-served webhook against a huge POST, parallel big reviews and a
+    certificate swap (:mod:`bench.fault_webhook`).
 """
 
 from __future__ import annotations
@@ -65,6 +67,7 @@ from bench.common import (
     table,
 )
 from bench.controller_allocation import isolated_layout
+from bench.fault_webhook import controller_rows as webhook_rows
 from bench.faultproxy import ClaimFaultProxy
 from devtools.cluster.api import AdminAPI
 from devtools.cluster.local import LocalCluster, running_cluster
@@ -128,6 +131,7 @@ class Settings:
     # The controller's allocation budget (--allocation-timeout); None: its default (10 s,
     # the scheduler's per node). A smoke run shortens the distinctAttribute search with it.
     allocation_timeout: float | None = None
+    quick: bool = False  # rows (4)-(6) (bench.fault_webhook) at smoke sizes
 
 
 # --------------------------------------------------------------------------------------------
@@ -951,6 +955,9 @@ def run(s: Settings, work: Path) -> list[Row]:
             try:
                 with phase("(e) hostile objects"):
                     rows += hostile_claims(api, namespace, cluster, controller)
+                with phase("(4), (5), (6) the webhook's hostile clients"):
+                    cells = webhook_rows(controller, cluster.layout.pki, work / "w", s.quick)
+                    rows += [Row(*c) for c in cells]
             finally:
                 unregister_webhook(api)
             with phase("(d) apiserver outage"):
@@ -977,6 +984,7 @@ def main(argv: list[str] | None = None) -> None:
         if args.quick
         else Settings()
     )
+    s.quick = args.quick
     for name in ("prepares", "kills", "start_claims", "outage", "outage_claims", "seed"):
         value = getattr(args, name)
         if value is not None:
