@@ -31,6 +31,8 @@ Rows, printed as one table (fault, runs, metric, value, promised); nothing is as
 (f3) a claim nested too deep to decode across a controller restart (bench/fault_unreadable.py).
 (f2) unsatisfiable claims in one namespace against another namespace's claim
     (:mod:`bench.fault_fairness`).
+(f4), (f5), (f6) the controller-served webhook against a huge POST, parallel big reviews and a
+    certificate swap (:mod:`bench.fault_webhook`).
 """
 
 from __future__ import annotations
@@ -73,6 +75,7 @@ from bench.common import (
 from bench.controller_allocation import isolated_layout
 from bench.fault_scope import other_driver_claims
 from bench.fault_unreadable import too_deep_claim
+from bench.fault_webhook import controller_rows as webhook_rows
 from bench.faultproxy import ClaimFaultProxy
 from devtools.cluster.api import AdminAPI
 from devtools.cluster.local import LocalCluster, running_cluster
@@ -136,6 +139,7 @@ class Settings:
     # The controller's allocation budget (--allocation-timeout); None: its default (10 s,
     # the scheduler's per node). A smoke run shortens the distinctAttribute search with it.
     allocation_timeout: float | None = None
+    quick: bool = False  # rows (f4)-(f6) (bench.fault_webhook) at smoke sizes
 
 
 # --------------------------------------------------------------------------------------------
@@ -960,6 +964,9 @@ def run(s: Settings, work: Path) -> list[Row]:
             try:
                 with phase("(e) hostile objects"):
                     rows += hostile_claims(api, namespace, cluster, controller)
+                with phase("(f4), (f5), (f6) the webhook's hostile clients"):
+                    cells = webhook_rows(controller, cluster.layout.pki, work / "w", s.quick)
+                    rows += [Row(*c) for c in cells]
             finally:
                 unregister_webhook(api)
             with phase("(f1) claims of another driver's class"):
@@ -992,6 +999,7 @@ def main(argv: list[str] | None = None) -> None:
         if args.quick
         else Settings()
     )
+    s.quick = args.quick
     for name in ("prepares", "kills", "start_claims", "outage", "outage_claims", "seed"):
         value = getattr(args, name)
         if value is not None:

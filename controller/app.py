@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -49,6 +49,7 @@ from dradriver.runtime import (
     RuntimeMetrics,
     default_identity,
 )
+from dradriver.webhook.limits import WebhookLimits
 
 if TYPE_CHECKING:  # the webhook (FastAPI, uvicorn) is imported only by a process serving it
     from fastapi import FastAPI
@@ -88,6 +89,8 @@ class Options:
     webhook_address: str | None = None
     webhook_cert: Path | None = None
     webhook_key: Path | None = None
+    # Body limit, selector budget and validation lanes of the webhook.
+    webhook_limits: WebhookLimits = field(default_factory=WebhookLimits)
 
 
 # How often a cache retries a failed list or watch, at most. An apiserver that is down
@@ -319,8 +322,15 @@ class ControllerApp:
         # Every class of the driver (as the standalone webhook and the registration's
         # matchConditions have it): a request naming any of them gets its selectors
         # compiled and cost-checked, not only one naming the class called like the driver.
-        settings = WebhookSettings.for_driver(self.options.driver_name)
-        return build_webhook_app(settings, self.metrics.registry, self.ready)
+        limits = self.options.webhook_limits
+        settings = limits.settings(WebhookSettings.for_driver(self.options.driver_name))
+        return build_webhook_app(
+            settings,
+            self.metrics.registry,
+            self.ready,
+            max_body_bytes=limits.max_body_bytes,
+            pool_limits=limits.pool,
+        )
 
     def servers(self) -> list[Server]:
         """The HTTP servers: probes and metrics, and the webhook when it has an address."""

@@ -17,6 +17,7 @@ from dradriver.k8s import names
 from dradriver.k8s.client import KubeClient, load_connection
 from dradriver.log import configure, get_logger
 from dradriver.runtime import LeaderElectionConfig
+from dradriver.webhook import limits as webhook_limits
 
 log = get_logger("controller")
 
@@ -126,6 +127,7 @@ def _add_serving_flags(parser: argparse.ArgumentParser) -> None:
         default=env("DRADRIVER_WEBHOOK_KEY"),
         help="its private key, PEM (default: $DRADRIVER_WEBHOOK_KEY)",
     )
+    webhook_limits.add_flags(parser.add_argument_group("webhook limits"), "webhook-")
 
 
 def _add_work_flags(parser: argparse.ArgumentParser) -> None:
@@ -218,6 +220,7 @@ def options_from(args: argparse.Namespace) -> Options:
                 raise ValueError(f"{flag}: {path} does not exist or is not a file")
     elif args.webhook_cert is not None or args.webhook_key is not None:
         raise ValueError("--webhook-cert and --webhook-key need --webhook-address")
+    limits = webhook_limits.from_args(args, "webhook-")
     if args.workers < 1 or args.claim_workers < 1:
         raise ValueError("--workers and --claim-workers must be at least 1")
     for pattern in args.allocation_drivers:
@@ -261,6 +264,7 @@ def options_from(args: argparse.Namespace) -> Options:
         webhook_address=args.webhook_address,
         webhook_cert=None if args.webhook_address is None else Path(args.webhook_cert),
         webhook_key=None if args.webhook_address is None else Path(args.webhook_key),
+        webhook_limits=limits,
     )
 
 

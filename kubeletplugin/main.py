@@ -40,6 +40,7 @@ from kubeletplugin.inventory import NodeInventory
 from kubeletplugin.legacy.errors import DevicePluginSetupError
 from kubeletplugin.metrics import PluginMetrics
 from kubeletplugin.nodedriver import NodeDriver
+from kubeletplugin.privileges import MissingCapabilities, require
 
 if TYPE_CHECKING:
     from kubeletplugin.legacy.podresources import HoldReconciler, PodResourcesClient
@@ -434,6 +435,7 @@ class Plugin:
 
 async def _main(args: argparse.Namespace) -> int:
     config = load_config(args.config) if args.config else DriverConfig()
+    require(config)
     plugin = Plugin(args, config)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -455,6 +457,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         DriverConfigError,
         DevicePluginSetupError,
         LedgerError,
+        MissingCapabilities,
         MockDeviceError,
         UsageError,
     ) as e:

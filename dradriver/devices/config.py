@@ -20,7 +20,8 @@ Example::
       - devglob: {glob: /dev/fake*}
       - pci: {vendor: "0x10de", class: "0x03"}
     hooks:
-      setup: {command: [/usr/local/bin/setup-device], timeoutSeconds: 30}
+      setup: {command: [/usr/local/bin/setup-device], timeoutSeconds: 30,
+              capabilities: [NET_ADMIN]}   # what the hook needs (the chart grants it)
       teardown: {python: "mypkg.hooks:teardown"}
     devicePlugin:                  # the legacy device-plugin shim (off by default)
       enabled: true
@@ -64,6 +65,7 @@ from dradriver.devices.model import (
 from dradriver.devices.sourceconfig import SourceConfig
 from dradriver.devices.topology import MAX_NUMA_NODES, NUMA_NODE_ATTRIBUTE
 from dradriver.errors import from_validation_error
+from dradriver.host.capabilities import check_name as check_capability_name
 from dradriver.k8s import names
 
 DEFAULT_DRIVER_NAME = "dradriver.dev"
@@ -82,7 +84,13 @@ _PYTHON_TARGET = re.compile(r"[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*")
 
 
 class HookSpec(BaseModel):
-    """A program run around a device's use: ``command`` (argv) or ``python`` (module:function)."""
+    """A program run around a device's use: ``command`` (argv) or ``python`` (module:function).
+
+    ``capabilities``: the Linux capabilities the hook needs beyond root's file access
+    (``NET_ADMIN`` to create network interfaces, ``SYS_ADMIN`` to attach loop devices or
+    mount); the chart adds them to the plugin's container, and the plugin refuses to start
+    without them (:mod:`kubeletplugin.privileges`).
+    """
 
     model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
 
@@ -91,6 +99,7 @@ class HookSpec(BaseModel):
     timeout_seconds: int = Field(
         default=DEFAULT_HOOK_TIMEOUT_SECONDS, ge=1, le=3600, alias="timeoutSeconds"
     )
+    capabilities: tuple[Annotated[str, AfterValidator(check_capability_name)], ...] = ()
 
     @model_validator(mode="after")
     def _exactly_one(self) -> HookSpec:
@@ -326,6 +335,16 @@ class DriverConfig(BaseModel):
                     "extendedResourceName"
                 )
         return self
+
+    def hooks_by_field(self) -> Iterator[tuple[str, HookSpec]]:
+        """``(field path, hook)`` of every hook the configuration sets."""
+        for name, hook in (
+            ("hooks.setup", self.hooks.setup),
+            ("hooks.teardown", self.hooks.teardown),
+            ("devicePlugin.preStart", self.device_plugin.pre_start),
+        ):
+            if hook is not None:
+                yield name, hook
 
     def extended_resource_profiles(self) -> Iterator[tuple[str, str, HostSourceConfig]]:
         """``(field path, extendedResourceName, profile)`` of each host profile that has one."""

@@ -10,8 +10,8 @@ device node's type and numbers from its host path and refuses the container
 file: deleting it makes the device unhealthy, recreating it (:func:`create_mock_device`)
 makes it healthy again. This is what the demo and tests use.
 
-Making device nodes needs CAP_MKNOD (root; the DaemonSet's privileged container has it).
-Without it the source fails on its first discovery, naming the path.
+Making device nodes needs CAP_MKNOD (the chart's DaemonSet adds it when a static source has
+a ``mockDir``). Without it the source fails on its first discovery, naming the path.
 """
 
 from __future__ import annotations
@@ -111,8 +111,8 @@ def create_mock_device(path: str) -> MockDeviceOutcome:
             path,
             f"cannot make a character device node (mknod {MOCK_DEVICE_MAJOR}:"
             f"{MOCK_DEVICE_MINOR}): {e.strerror}; mock devices need CAP_MKNOD: run "
-            "dradriver-kubeletplugin as root or in a privileged container (as the DaemonSet "
-            "does), or remove mockDir from the static source",
+            "dradriver-kubeletplugin as root with CAP_MKNOD (the chart's DaemonSet adds it "
+            "for a static source with mockDir), or remove mockDir from the static source",
         ) from e
     except OSError as e:
         raise MockDeviceError(

@@ -24,9 +24,9 @@ from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-__all__ = ["DEFAULT_MAX_BODY_BYTES", "BodyLimit"]
+from dradriver.webhook.limits import DEFAULT_MAX_BODY_BYTES
 
-DEFAULT_MAX_BODY_BYTES = 3 * 1024 * 1024
+__all__ = ["DEFAULT_MAX_BODY_BYTES", "BodyLimit"]
 
 
 class _BodyTooLarge(Exception):

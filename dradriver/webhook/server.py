@@ -3,6 +3,8 @@
     dradriver-webhook --cert tls.crt --key tls.key [--address :8443]
                       [--driver-name dradriver.dev] [--device-class NAME ...]
                       [--max-body-bytes N] [--max-selectors N] [--max-selector-bytes N]
+                      [--small-body-bytes N] [--small-workers N] [--small-queue N]
+                      [--large-workers N] [--large-queue N] [--review-timeout SECONDS]
 
 The same port serves ``POST /validate``, ``/healthz``, ``/readyz`` and
 ``/metrics``. SIGTERM and SIGINT stop it gracefully (in-flight reviews finish).
@@ -19,7 +21,6 @@ import signal
 import ssl
 import sys
 from collections.abc import Sequence
-from dataclasses import replace
 from pathlib import Path
 
 import uvicorn
@@ -28,15 +29,11 @@ from fastapi import FastAPI
 from dradriver import DEFAULT_DRIVER_NAME
 from dradriver.httpserver import parse_address
 from dradriver.log import configure, get_logger
+from dradriver.webhook import limits
 from dradriver.webhook.app import build_app
-from dradriver.webhook.bodylimit import DEFAULT_MAX_BODY_BYTES
 from dradriver.webhook.pool import ValidationPool
 from dradriver.webhook.tls import ReloadingCertificate
-from dradriver.webhook.validation import (
-    DEFAULT_MAX_SELECTOR_BYTES,
-    DEFAULT_MAX_SELECTORS,
-    Settings,
-)
+from dradriver.webhook.validation import Settings
 
 log = get_logger("webhook")
 
@@ -135,26 +132,16 @@ def build_parser() -> argparse.ArgumentParser:
         "(repeatable; default: the classes the driver's manifests install, DRIVER and "
         "DRIVER-mock-extended-resource)",
     )
-    for flag, default, what in (
-        ("--max-body-bytes", DEFAULT_MAX_BODY_BYTES, "larger request bodies get HTTP 413"),
-        ("--max-selectors", DEFAULT_MAX_SELECTORS, "CEL selectors compiled per review"),
-        ("--max-selector-bytes", DEFAULT_MAX_SELECTOR_BYTES, "CEL text compiled per review"),
-    ):
-        parser.add_argument(
-            flag, type=_positive, default=default, help=f"{what} (default: %(default)s)"
-        )
+    limits.add_flags(parser)
     parser.add_argument("--log-level", default="info", help="default: %(default)s")
     return parser
 
 
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be a positive whole number, got {text!r}")
-    return value
+def app_from_args(args: argparse.Namespace) -> FastAPI:
+    """The app the flags describe; ValueError names a flag out of range."""
+    given = limits.from_args(args)
+    settings = given.settings(Settings.for_driver(args.driver_name, args.device_class))
+    return build_app(settings, max_body_bytes=given.max_body_bytes, pool_limits=given.pool)
 
 
 async def serve(server: WebhookServer) -> None:
@@ -178,12 +165,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.cert is None or args.key is None:
         parser.error("--cert and --key are required (the apiserver only calls webhooks over TLS)")
     configure(args.log_level)
-    settings = Settings.for_driver(args.driver_name, args.device_class)
-    settings = replace(
-        settings, max_selectors=args.max_selectors, max_selector_bytes=args.max_selector_bytes
-    )
-    classes = settings.device_classes
-    app = build_app(settings, max_body_bytes=args.max_body_bytes)
+    try:
+        app = app_from_args(args)
+    except ValueError as e:
+        parser.error(str(e))
+    classes = app.state.pool.settings.device_classes
     try:
         server = WebhookServer(app, args.address, args.cert, args.key)
     except (ValueError, OSError, ssl.SSLError) as e:

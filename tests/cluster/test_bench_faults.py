@@ -4,8 +4,9 @@ The suite starts an isolated cluster of its own (free ports, a temporary state d
 kubelet), so it neither needs nor touches the shared one. What is checked is correctness,
 never timing: the table is printed with a row for every fault, every figure promised to
 be 0 is 0 (no leaked, doubled or lost device, no orphan spec, no claim torn down, no
-allocation lost or duplicated), and every claim of another driver was admitted while the
-hostile objects were processed. The latency column is printed, not asserted.
+allocation lost or duplicated, no request failed across a certificate swap), every claim of
+another driver was admitted while the hostile objects were processed, a huge POST got 413
+and the swapped certificate was served. The latency column is printed, not asserted.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import pytest
 from bench import faults
 
 HEADER = ["fault", "runs", "metric", "value", "promised"]
-FAULTS = ("(a) ", "(b) ", "(c) ", "(d) ", "(e) ", "(f1) ", "(f2) ")
+FAULTS = ("(a) ", "(b) ", "(c) ", "(d) ", "(e) ", "(f1) ", "(f2) ", "(f4) ", "(f5) ", "(f6) ")
 
 
 def table_rows(out: str) -> list[list[str]]:
@@ -42,7 +43,7 @@ def test_quick_fault_suite_prints_the_table_with_zeros_where_promised(
         assert any(r[0].startswith(prefix) for r in rows), f"no row for fault {prefix}"
     assert any(r[0].startswith("(f3) ") for r in rows), "no row for fault (f3)"
     zero_rows = [r for r in rows if r[4] == "0"]
-    assert len(zero_rows) >= 17  # (a) 5, (b) 2, (c) 4, (d) 3, (f1) 3
+    assert len(zero_rows) >= 20  # (a) 5, (b) 2, (c) 4, (d) 3, (f1) 3, (f5) 1, (f6) 2
     assert [r for r in zero_rows if r[3] != "0"] == []
     scope = [r for r in rows if r[0].startswith("(f1) ")]
     assert [r[3] for r in scope if r[4] == "0"] == ["0", "0", "0"]  # taken, finalized, annotated
@@ -56,3 +57,9 @@ def test_quick_fault_suite_prints_the_table_with_zeros_where_promised(
     # Every claim of the other namespace was allocated (the latency is printed only).
     fair = [r for r in rows if r[0].startswith("(f2) ")]
     assert len(fair) == 2 and all(re.fullmatch(r"\d+\.\d\d", r[3]) for r in fair), fair
+    # (f4): the huge POST is refused before it is read, with and without a length.
+    (answers,) = [r for r in rows if r[0].startswith("(f4) ") and r[2].startswith("answers")]
+    assert answers[3] == "413, 413"
+    # (f6): the new certificate is served after the swap.
+    (reload,) = [r for r in rows if r[0].startswith("(f6) ") and r[2].startswith("seconds")]
+    assert reload[3] != "never"

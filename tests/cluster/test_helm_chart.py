@@ -313,6 +313,28 @@ def test_upgrade_rolls_with_a_surge_and_hands_over_the_lease(
     assert lease_holder(api) != old_holder
 
 
+def test_host_profiles_served_by_the_unprivileged_plugin(
+    release: Release, api: AdminAPI, tmp_path: Path
+) -> None:
+    """A host profile (/dev/kvm) added by an upgrade: the plugin, root without privileged
+    and without capabilities beyond MKNOD, reads the host's /dev through its read-only
+    mount and publishes the device next to the mock ones."""
+    config = local_cluster_values(release.cluster.layout)["kubeletPlugin"]["config"]
+    config["sources"].append({"host": {"name": "kvm", "nodes": [{"path": "/dev/kvm"}]}})
+    values = tmp_path / "host.yaml"
+    values.write_text(yaml.safe_dump({"kubeletPlugin": {"config": config}}))
+    release.upgrade("--values", str(values))
+    wait_until("the kvm device published", lambda: "kvm" in published_devices(api), DEADLINE)
+    wait_until("one Ready plugin pod", lambda: len(ready_pods(api, PLUGIN)) == 1, DEADLINE)
+    (plugin,) = ready_pods(api, PLUGIN)
+    container = plugin["spec"]["containers"][0]
+    assert container["securityContext"]["privileged"] is False
+    assert container["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["MKNOD"]}
+    dev = [m for m in container["volumeMounts"] if m["mountPath"] == "/dev"]
+    assert [m.get("readOnly") for m in dev] == [True]
+    assert {f"dev-{i}" for i in range(4)} <= published_devices(api)
+
+
 def test_uninstall_leaves_nothing(release: Release, api: AdminAPI) -> None:
     release.run("uninstall", RELEASE, "--wait")
     wait_until(

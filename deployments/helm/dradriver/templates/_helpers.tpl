@@ -71,3 +71,50 @@ cluster): the in-cluster client reads KUBERNETES_SERVICE_HOST/PORT.
   value: {{ .Values.apiServer.port | quote }}
 {{- end }}
 {{- end -}}
+
+{{/*
+What the node plugin's configuration needs from the host, as JSON (the DaemonSet reads
+it; README "Node plugin privileges" has the table):
+  shim: the device-plugin shim runs (devicePlugin.enabled, or a host profile's
+    extendedResourceName served through the device plugin: extendedResources is not "dra"),
+    so the kubelet's device-plugins (rw) and pod-resources (ro) directories are mounted;
+  mock: a static source makes mock device nodes (mockDir): CAP_MKNOD and the mock dir;
+  capabilities: MKNOD for mock, what each hook declares (hooks.setup, hooks.teardown,
+    devicePlugin.preStart: capabilities) and kubeletPlugin.extraCapabilities, sorted;
+  readOnlyDirs: host directories the sources read, mounted read-only at the same path:
+    /dev (or a host profile's devRoot) for host profiles and devglob globs under /dev
+    (the plugin stats nodes and reads by-id links, never opens a device), the literal
+    part of other devglob globs, and a sysfsRoot other than /sys (the runtime's own /sys
+    is read-only and enough).
+*/}}
+{{- define "dradriver.pluginNeeds" -}}
+{{- $p := .Values.kubeletPlugin }}
+{{- $c := $p.config }}
+{{- $shim := false }}
+{{- if ($c.devicePlugin | default dict).enabled }}{{ $shim = true }}{{ end }}
+{{- $mock := false }}
+{{- $caps := list }}
+{{- $dirs := list }}
+{{- range $c.sources }}
+  {{- if and .static .static.mockDir }}{{ $mock = true }}{{ end }}
+  {{- if .devglob }}
+    {{- $literal := regexReplaceAll "/[^/]*[][*?].*$" .devglob.glob "" }}
+    {{- if eq $literal .devglob.glob }}{{ $literal = dir .devglob.glob }}{{ end }}
+    {{- if or (eq $literal "/dev") (hasPrefix "/dev/" $literal) }}{{ $literal = "/dev" }}{{ end }}
+    {{- $dirs = append $dirs $literal }}
+  {{- end }}
+  {{- if .host }}
+    {{- $dirs = append $dirs (.host.devRoot | default "/dev") }}
+    {{- if and .host.sysfsRoot (ne .host.sysfsRoot "/sys") }}{{ $dirs = append $dirs .host.sysfsRoot }}{{ end }}
+    {{- if and .host.extendedResourceName (ne ($c.extendedResources | default "auto") "dra") }}{{ $shim = true }}{{ end }}
+  {{- end }}
+  {{- if and .pci .pci.sysfsRoot (ne .pci.sysfsRoot "/sys") }}{{ $dirs = append $dirs .pci.sysfsRoot }}{{ end }}
+{{- end }}
+{{- if $mock }}{{ $caps = append $caps "MKNOD" }}{{ end }}
+{{- $hooks := $c.hooks | default dict }}
+{{- range list $hooks.setup $hooks.teardown ($c.devicePlugin | default dict).preStart }}
+  {{- if . }}{{ $caps = concat $caps (.capabilities | default list) }}{{ end }}
+{{- end }}
+{{- $caps = concat $caps $p.extraCapabilities | uniq | sortAlpha }}
+{{- dict "shim" $shim "mock" $mock "capabilities" $caps "readOnlyDirs" ($dirs | uniq | sortAlpha) | toJson }}
+{{- end -}}

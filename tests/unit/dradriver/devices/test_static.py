@@ -147,7 +147,7 @@ def test_without_cap_mknod_the_plugin_stops_at_start_with_one_line(tmp_path: Pat
     assert proc.stderr.splitlines() == [
         f"dradriver-kubeletplugin: error: mock device {mock_dir / 'dev-0'}: cannot make a "
         "character device node (mknod 1:3): Operation not permitted; mock devices need "
-        "CAP_MKNOD: run dradriver-kubeletplugin as root or in a privileged container (as the "
-        "DaemonSet does), or remove mockDir from the static source"
+        "CAP_MKNOD: run dradriver-kubeletplugin as root with CAP_MKNOD (the chart's DaemonSet "
+        "adds it for a static source with mockDir), or remove mockDir from the static source"
     ]
     assert os.listdir(mock_dir) == []  # no temp node or partial state left
