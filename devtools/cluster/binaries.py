@@ -155,9 +155,8 @@ def _stub_files_for(text: str) -> list[tuple[str, Path]]:
     for rel in sorted(set(STUBS.values())):
         if f"=> ./{rel}" in text:
             root = module_dir() / rel
-            out += [
-                (str(p.relative_to(stubs.parent)), p) for p in sorted(root.rglob("*")) if p.is_file()
-            ]
+            files = sorted(p for p in root.rglob("*") if p.is_file())
+            out += [(str(p.relative_to(stubs.parent)), p) for p in files]
     return out
 
 
