@@ -22,5 +22,6 @@ level (the suite finds it by these alone, so a new one needs no registration):
 Optional: ``OWN_SMOKE_TEST = "tests/..."``, a test of its own that runs the smoke sizes
 and checks more than the shape; the generic smoke test then leaves it to that one.
 
-Helpers (``common``, ``suite``, ``faultproxy``) have no ``main``.
+Helpers (``common``, ``suite``, ``faultproxy``, and ``fault_*``: rows of ``faults``) have
+no ``main``.
 """

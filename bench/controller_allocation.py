@@ -557,7 +557,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             policy_note = "not installed (--no-finalizer-policy)"
             if args.finalizer_policy:
                 if finalizerpolicy.served(api):
-                    policy.enter_context(finalizerpolicy.installed(api, namespace))
+                    policy.enter_context(finalizerpolicy.installed(api, namespace, classes=[cls]))
                     policy_note = "installed (the chart's default where the API is served)"
                 else:
                     policy_note = "not served by this cluster (before 1.36)"

@@ -26,6 +26,9 @@ Rows, printed as one table (fault, runs, metric, value, promised); nothing is as
     count): the worst review latency of the controller-served webhook while each is being
     processed (its own review, and benign reviews sent all along), and how many claims of
     another driver the apiserver admitted meanwhile.
+(f1) immediate claims of another driver's class: what the controller did to them
+    (:mod:`bench.fault_scope`).
+(f3) a claim nested too deep to decode across a controller restart (bench/fault_unreadable.py).
 """
 
 from __future__ import annotations
@@ -65,6 +68,8 @@ from bench.common import (
     table,
 )
 from bench.controller_allocation import isolated_layout
+from bench.fault_scope import other_driver_claims
+from bench.fault_unreadable import too_deep_claim
 from bench.faultproxy import ClaimFaultProxy
 from devtools.cluster.api import AdminAPI
 from devtools.cluster.local import LocalCluster, running_cluster
@@ -953,8 +958,12 @@ def run(s: Settings, work: Path) -> list[Row]:
                     rows += hostile_claims(api, namespace, cluster, controller)
             finally:
                 unregister_webhook(api)
+            with phase("(f1) claims of another driver's class"):
+                rows += [Row(*r) for r in other_driver_claims(api, namespace, controller)]
             with phase("(d) apiserver outage"):
                 rows += apiserver_outage(api, namespace, cluster, controller, s)
+            with phase("(f3) a claim too deep to decode, controller restarted"):
+                rows += too_deep_claim(api, namespace, controller)
         finally:
             controller.stop()
     return rows

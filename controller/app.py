@@ -74,6 +74,8 @@ class Options:
     claim_workers: int = 16
     shutdown_grace: float = 10.0
     allocation_namespaces: tuple[str, ...] = ()
+    # Drivers besides driver_name whose classes make a claim ours (controller/claims/scope.py).
+    allocation_drivers: tuple[str, ...] = ()
     # Wall-clock seconds one claim's search may take (all nodes), in the worker process.
     allocation_timeout: float = 10.0
     # The admission webhook, served over TLS in this process too when an address is given.
@@ -191,6 +193,7 @@ class ControllerApp:
             enqueue=controller.enqueue,
             namespaces=o.allocation_namespaces,
             registry=self.metrics.registry,
+            allocation_drivers=o.allocation_drivers,
         )
         self.claim_reconciler = ClaimReconciler(
             context,
@@ -206,7 +209,7 @@ class ControllerApp:
             controller.watches(self.claims)
             .watches(self.parameters, claims_using(self.claims, o.driver_name))
             .watches(self.slices, waiting)
-            .watches(self.classes, waiting)
+            .watches(self.classes, self.claim_reconciler.class_keys)
             .watches(self.nodes, waiting)
             .watches(self.pending_pods, self.claim_reconciler.deferred_keys)
         )

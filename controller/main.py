@@ -13,6 +13,7 @@ from pathlib import Path
 from controller.app import ControllerApp, Options
 from dradriver import DEFAULT_DRIVER_NAME
 from dradriver.httpserver import parse_address
+from dradriver.k8s import names
 from dradriver.k8s.client import KubeClient, load_connection
 from dradriver.log import configure, get_logger
 from dradriver.runtime import LeaderElectionConfig
@@ -157,6 +158,15 @@ def _add_work_flags(parser: argparse.ArgumentParser) -> None:
         "(default: every namespace). The allocated state always covers every namespace.",
     )
     parser.add_argument(
+        "--allocation-driver",
+        action="append",
+        default=[],
+        dest="allocation_drivers",
+        help="also allocate claims whose classes pin this driver (device.driver == NAME); "
+        "'*.example.com' matches every name under it; repeat for more (default: only "
+        "--driver-name; test harnesses give each test a driver of its own)",
+    )
+    parser.add_argument(
         "--allocation-timeout",
         type=float,
         default=10.0,
@@ -193,6 +203,11 @@ def options_from(args: argparse.Namespace) -> Options:
         raise ValueError("--webhook-cert and --webhook-key need --webhook-address")
     if args.workers < 1 or args.claim_workers < 1:
         raise ValueError("--workers and --claim-workers must be at least 1")
+    for pattern in args.allocation_drivers:
+        try:
+            names.validate_dns_subdomain(pattern.removeprefix("*."), "name")
+        except ValueError as e:
+            raise ValueError(f"--allocation-driver {pattern!r}: {e}") from e
     if not args.allocation_timeout > 0:
         raise ValueError("--allocation-timeout must be a positive number of seconds")
     try:
@@ -220,6 +235,7 @@ def options_from(args: argparse.Namespace) -> Options:
         claim_workers=args.claim_workers,
         shutdown_grace=args.shutdown_grace,
         allocation_namespaces=tuple(args.allocation_namespaces),
+        allocation_drivers=tuple(args.allocation_drivers),
         allocation_timeout=args.allocation_timeout,
         webhook_address=args.webhook_address,
         webhook_cert=None if args.webhook_address is None else Path(args.webhook_cert),

@@ -42,7 +42,7 @@ from kubeletplugin.metrics import PluginMetrics
 from kubeletplugin.nodedriver import NodeDriver
 
 if TYPE_CHECKING:
-    from kubeletplugin.legacy.podresources import HoldReconciler
+    from kubeletplugin.legacy.podresources import HoldReconciler, PodResourcesClient
     from kubeletplugin.legacy.shim import DevicePluginShim
 
 log = get_logger("kubeletplugin")
@@ -265,6 +265,18 @@ class Plugin:
         self.driver.gate = self.shim
         self.shim.on_dra_view_change = self._publish_inventory
 
+    async def _hold_in_use(self, pod_resources: PodResourcesClient) -> None:
+        """DRA claims the kubelet reports in use that the ledger lost, held before serving
+        (with the shim, which could otherwise hand their devices out; issue 21, finding 7)."""
+        from kubeletplugin.inuse import hold_claims_in_use
+
+        kind = self.driver.store.cdi.kind
+        counts = await hold_claims_in_use(
+            self.driver.recovery, pod_resources, self.driver_name, kind
+        )
+        if counts:
+            log.info("pod resources' claims checked before serving", **counts)
+
     async def _choose_forms(self, missing: list[capabilities.Missing] | None) -> dict[str, str]:
         """Before anything serves: the extended resources' path (and the shim it needs) and
         the form of shared host devices; the start-up line's fields saying them."""
@@ -388,6 +400,7 @@ class Plugin:
         if self.shim is not None:
             self.shim.reconcile_cdi()
         if self.hold_reconciler is not None:
+            await self._hold_in_use(self.hold_reconciler.client)
             await self.hold_reconciler.prime()
         await http.start()
         if self.claim_status is not None:

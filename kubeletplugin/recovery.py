@@ -112,6 +112,28 @@ class Recovery:
         log.info("reconciled node state", **counts)
         return counts
 
+    async def hold_in_use(self, entries: list[ClaimEntry]) -> dict[str, int]:
+        """Claims the kubelet reports in use (:mod:`kubeletplugin.inuse`) that the ledger
+        does not know: each is settled like a claim known only from its CDI spec, before
+        either API serves. Returns the count keys."""
+        known = {e.uid for e in self.store.ledger.claims()}
+        fresh = [e for e in entries if e.uid not in known]
+        counts = dict.fromkeys(("in_use_adopted", "in_use_unconfirmed", "in_use_gone"), 0)
+        if not fresh:
+            return counts
+        log.warning(
+            "the kubelet reports claims in use that the ledger does not hold; holding them "
+            "before serving",
+            claims=",".join(f"{e.namespace}/{e.name}" for e in fresh),
+        )
+        found = await self._read_claims([ref(e) for e in fresh], START_READ_BUDGET_SECONDS)
+        outcome = {"adopted": "in_use_adopted", "unconfirmed": "in_use_unconfirmed"}
+        for entry in fresh:
+            settled = await self._settle_orphan(entry.uid, entry, found.get(entry.uid), True)
+            for key in settled or ["gone"]:
+                counts[outcome.get(key, "in_use_gone")] += 1
+        return counts
+
     async def confirm_unconfirmed(self) -> int:
         """Ask the API server once more about the claims it could not answer for;
         returns how many are still unconfirmed."""

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 from controller.claims.holdings import Holdings
 from controller.claims.scheduler import SchedulerActivity
+from controller.claims.scope import Drivers
 from controller.claims.stages import StageTimes
 from controller.claims.stats import AllocationStats
 from controller.leadership import require_leader
@@ -38,7 +39,9 @@ class ClaimContext:
     lease check and the work queue of the claim pipeline.
 
     ``namespaces`` (``--allocation-namespace``; empty: all) are the claims this
-    controller allocates and whose fences it manages.
+    controller allocates and whose fences it manages; ``allocation_drivers``
+    (``--allocation-driver``) are drivers besides ``driver`` whose classes make a claim
+    ours (:mod:`controller.claims.scope`).
     """
 
     client: KubeClient
@@ -51,6 +54,7 @@ class ClaimContext:
     enqueue: Callable[[str], None]
     namespaces: frozenset[str] = frozenset()
     stats: AllocationStats = field(default_factory=AllocationStats)
+    allocation_drivers: tuple[str, ...] = ()
 
     @classmethod
     def create(
@@ -64,25 +68,32 @@ class ClaimContext:
         enqueue: Callable[[str], None] = _nowhere,
         namespaces: Iterable[str] = (),
         registry: Registry | None = None,
+        allocation_drivers: Iterable[str] = (),
     ) -> ClaimContext:
         """A context over the claims informer ``claims``; ``scheduler`` defaults to one
         watching no pods (never busy), ``registry`` to a private one."""
         return cls(
             client=client,
             driver=driver,
-            holdings=Holdings(client, claims),
+            holdings=Holdings(client, claims, driver, registry),
             scheduler=scheduler if scheduler is not None else SchedulerActivity(None),
             stages=StageTimes(registry),
             events=EventRecorder(client),
             is_leader=is_leader,
             enqueue=enqueue,
             namespaces=frozenset(namespaces),
+            allocation_drivers=tuple(allocation_drivers),
         )
 
     @property
     def claims(self) -> Informer:
         """The claims informer."""
         return self.holdings.claims
+
+    @property
+    def drivers(self) -> Drivers:
+        """The drivers whose claims are ours (:mod:`controller.claims.scope`)."""
+        return Drivers(self.driver, self.allocation_drivers)
 
     def require_leader(self, key: str) -> None:
         """Raise :class:`~controller.leadership.NotLeader` unless we lead (before a write to

@@ -58,7 +58,8 @@ class Fencing:
 
         A device another real claim (in scope) still holds is marked and its fence
         enqueued; a device nobody but fences holds any more has those fences enqueued (to
-        be deleted).
+        be deleted). Devices of other drivers are never fenced (their claims are not ours,
+        :mod:`controller.claims.scope`); a fence of one left from before is still deleted.
         """
         if devices:
             self.context.scheduler.removal_seen()
@@ -66,6 +67,8 @@ class Fencing:
             holders = [h for h in self.context.holdings.state.dedicated.get(device, []) if h != key]
             real = [h for h in holders if not self.is_fence_key(h)]
             if any(self.in_scope(h) for h in real):
+                if not self.context.drivers.covers(device[0]):
+                    continue
                 self.marks.mark(device, at)
                 fk = fences.fence_key(self.namespace, device)
                 self.devices.setdefault(fk, [device])

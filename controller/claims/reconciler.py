@@ -16,7 +16,9 @@ its parts share:
   allocated-device set after a device loses one of two holders;
 * :class:`~controller.claims.search.SearchBatches`: the allocator's searches, in batches
   to a child process (:class:`~controller.claims.worker.AllocationWorker`) within a
-  wall-clock budget, so that they never block the event loop.
+  wall-clock budget, so that they never block the event loop;
+* :class:`~controller.claims.foreign.ForeignClaims`: claims of other drivers' classes
+  (:mod:`controller.claims.scope`) are left alone, with one event, before anything else.
 
 The pure parts are in :mod:`controller.claims.request`,
 :mod:`controller.claims.pinned_config`, :mod:`controller.claims.shared_devices` and
@@ -34,7 +36,9 @@ from controller.claims import fence_rules as fences
 from controller.claims.conflicts import ConflictHold
 from controller.claims.context import ClaimContext, ClaimSettings, ClaimSources
 from controller.claims.fence_lifecycle import Fencing
+from controller.claims.foreign import ForeignClaims
 from controller.claims.request import Request, allocation_request, effective_claim
+from controller.claims.scope import foreign_results
 from controller.claims.search import SearchBatches
 from controller.claims.shared_devices import conflicts
 from controller.claims.worker import AllocationWorker
@@ -90,6 +94,7 @@ class ClaimReconciler:
         self.events = context.events
         self.fencing = Fencing(context, self.settings.fence_namespace)
         self.conflicts = ConflictHold(context, self.fencing)
+        self.foreign = ForeignClaims(context, sources.classes)
         self.searches = SearchBatches(
             context,
             sources,
@@ -104,6 +109,7 @@ class ClaimReconciler:
         self._params_error_logged: dict[str, str] = {}
         self._background: set[asyncio.Task[None]] = set()
         self._event_slots = asyncio.Semaphore(EVENTS_IN_FLIGHT)
+        self.holdings.on_freed = self._devices_freed  # a claim too deep to decode let go
         context.claims.add_handler(
             on_add=self._claim_changed,
             on_update=lambda old, new: self._claim_changed(new, old),
@@ -155,6 +161,7 @@ class ClaimReconciler:
         self.out_of_budget.pop(key, None)
         self.scheduler.forget(key)
         self.unallocatable.discard(key)
+        self.foreign.forget(key)
         self.events.forget(uid_of(claim))
         if key in self.holdings.state.claims():
             self.holdings.state.remove(key)
@@ -167,6 +174,11 @@ class ClaimReconciler:
     def waiting_keys(self, obj: Obj) -> Iterable[str]:
         """Mapper for slices, classes and nodes: the claims that could not be allocated."""
         return list(self.unallocatable)
+
+    def class_keys(self, obj: Obj) -> Iterable[str]:
+        """Mapper for classes: the claims waiting for devices, and those left alone (a
+        class that changes may make them ours, or not ours any more)."""
+        return [*self.unallocatable, *self.foreign.waiting()]
 
     def deferred_keys(self, obj: Obj) -> Iterable[str]:
         """Mapper for unscheduled pods: the claims waiting for the scheduler to settle."""
@@ -203,11 +215,13 @@ class ClaimReconciler:
         self.stages.started(key)
         if not self.context.in_scope(key):
             return
+        request = allocation_request(self.context.driver, claim, self._lookup)
+        if await self.foreign.leave_alone(key, claim, request.immediate):
+            return  # another driver's claim: never allocated, fenced or finalized here
         if meta(claim).get("deletionTimestamp"):
             if FINALIZER in finalizers(claim):
                 await self._deallocate(key, claim)
             return
-        request = allocation_request(self.context.driver, claim, self._lookup)
         if not request.immediate:
             if request.error and self._params_error_logged.get(key) != request.error:
                 self._params_error_logged[key] = request.error
@@ -268,6 +282,10 @@ class ClaimReconciler:
         self.scheduler.wait_before_allocating(key)
         effective = effective_claim(claim, request)  # the parameters' count and selectors
         answer, allocation = await self.searches.search(key, effective, request)
+        stray = foreign_results(allocation, self.context.drivers) if allocation else []
+        if stray:  # cannot happen: every class of the claim pins our drivers (scope.py)
+            self.holdings.unreserve(key)
+            raise RuntimeError(f"claim {key}: the search found other drivers' devices {stray}")
         if finalizer is not None:
             try:
                 claim = await finalizer

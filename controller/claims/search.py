@@ -120,7 +120,7 @@ class SearchBatches:
             now = time.monotonic()
             for w in batch:
                 stages.observe("turn", now - w.since)
-            snapshot = self.context.holdings.state.snapshot()
+            snapshot = self.context.holdings.snapshot(self.sources.slices.items())
             nodes = tuple(node_info(n) for n in self.sources.nodes.items())
             jobs = [AllocationJob(w.effective, snapshot, nodes, self.timeout) for w in batch]
             try:

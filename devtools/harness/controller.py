@@ -40,6 +40,11 @@ NAMESPACE = "dradriver"
 SERVICE_ACCOUNT = "dradriver-controller"
 CRD_NAME = "deviceclaimparameters.dradriver.dev"
 CRD_NAMES = (CRD_NAME, "networkdevicepools.dradriver.dev")
+TEST_DRIVERS = (f"*.{DEFAULT_DRIVER_NAME}",)
+"""Drivers whose claims a harness controller allocates besides its own (unless its
+``extra_args`` name others): tests and benches give each run a driver of its own under
+this domain (``ca-<id>.test.dradriver.dev``), so that they never share devices. Another
+vendor's driver in a test is named outside it."""
 WEBHOOK_CONFIGURATIONS = "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations"
 
 
@@ -122,6 +127,8 @@ class ControllerProcess:
             f"--http-address=127.0.0.1:{self.port}",
             *self.extra_args,
         ]
+        if not any(a.startswith("--allocation-driver") for a in self.extra_args):
+            argv += [f"--allocation-driver={d}" for d in TEST_DRIVERS]
         if self.webhook is not None:
             argv += [
                 f"--webhook-address=127.0.0.1:{self.webhook_port}",

@@ -10,8 +10,9 @@ in a namespace no controller serves could not be deleted.
 from __future__ import annotations
 
 import contextlib
+import json
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import yaml
@@ -21,6 +22,7 @@ from devtools.cluster.apply import apply
 from devtools.cluster.helmbin import ensure_helm
 from devtools.cluster.wait import wait_until
 from devtools.manifests import helm_template
+from dradriver import DEFAULT_DRIVER_NAME
 from dradriver.api.wellknown import ALLOCATION_ANNOTATION, FINALIZER, IMMEDIATE
 from dradriver.k8s.paths import RESOURCE_V1, path_for
 
@@ -29,9 +31,18 @@ API = "admissionregistration.k8s.io/v1"
 KIND_API = f"{API}/MutatingAdmissionPolicy"
 
 
-def rendered() -> list[dict[str, Any]]:
-    """The policy and its binding, as the chart renders them for a 1.36+ cluster."""
-    text = helm_template(ensure_helm(), "--api-versions", KIND_API, "--show-only", TEMPLATE)
+def rendered(classes: Sequence[str] = ()) -> list[dict[str, Any]]:
+    """The policy and its binding, as the chart renders them for a 1.36+ cluster; it marks
+    claims of the chart's classes and of ``classes`` (``controller.allocationDeviceClasses``)."""
+    text = helm_template(
+        ensure_helm(),
+        "--api-versions",
+        KIND_API,
+        "--show-only",
+        TEMPLATE,
+        "--set-json",
+        f"controller.allocationDeviceClasses={json.dumps(list(classes))}",
+    )
     return [doc for doc in yaml.safe_load_all(text) if doc]
 
 
@@ -51,17 +62,23 @@ def _collection(doc: dict[str, Any]) -> str:
 
 
 def probe_claim(name: str) -> dict[str, Any]:
+    """An immediate claim of the chart's class (the policy marks no other; dry run only, so
+    the class need not exist)."""
+    request = {"name": "r", "exactly": {"deviceClassName": DEFAULT_DRIVER_NAME}}
     return {
         "metadata": {"name": name, "annotations": {ALLOCATION_ANNOTATION: IMMEDIATE}},
-        "spec": {"devices": {"requests": []}},
+        "spec": {"devices": {"requests": [request]}},
     }
 
 
 @contextlib.contextmanager
-def installed(api: AdminAPI, namespace: str, timeout: float = 60) -> Iterator[list[dict[str, Any]]]:
-    """Install the policy; yield once the apiserver applies it (a dry-run create of an
-    immediate claim in ``namespace`` comes back with the finalizer); delete it after."""
-    docs = rendered()
+def installed(
+    api: AdminAPI, namespace: str, timeout: float = 60, classes: Sequence[str] = ()
+) -> Iterator[list[dict[str, Any]]]:
+    """Install the policy (marking claims of ``classes`` too, see :func:`rendered`); yield
+    once the apiserver applies it (a dry-run create of an immediate claim in ``namespace``
+    comes back with the finalizer); delete it after."""
+    docs = rendered(classes)
     try:
         for doc in docs:
             apply(api, doc)

@@ -2,8 +2,12 @@
 
 Semantics of the scheduler's ``consumable_capacity.go``:
 
-* a request names capacities (qualified or not; an unqualified name means the driver's
-  domain); a device lacking one of them does not fit;
+* a request names capacities with or without the driver's domain, and so may the device's
+  slice; both spellings are one name (an unqualified name means the device's driver's
+  domain; a slice spelling both keeps the driver-qualified entry). A device lacking one of
+  them does not fit; a request naming one capacity of the device in both spellings is an
+  :class:`~dradriver.allocator.request.AllocationError` (as in the 1.38 scheduler; 1.34 to 1.37
+  matched only the slice's exact spelling);
 * for **every** capacity of the device the consumed amount is: the requested value rounded
   up by the capacity's ``requestPolicy`` (``validRange``: at least ``min``, then up to the
   next ``min + k·step``; ``validValues``: the first value ≥ the request), or, when not
@@ -22,6 +26,8 @@ from collections.abc import Mapping
 from decimal import Decimal
 
 from dradriver.allocator.inventory import CandidateDevice, Capacity, QuantityValue
+from dradriver.allocator.request import AllocationError, Req
+from dradriver.allocator.state import qualify
 from dradriver.cel.quantity import display_quantity, format_quantity, is_binary_quantity
 
 __all__ = ["consumed_capacity", "fit"]
@@ -67,22 +73,34 @@ def _violates(amount: QuantityValue, cap: Capacity) -> bool:
 
 
 def consumed_capacity(
-    requests: Mapping[str, QuantityValue] | None, device: CandidateDevice
+    req: Req, device: CandidateDevice
 ) -> tuple[dict[str, QuantityValue] | None, str | None]:
     """What the device gives up for the request, by qualified name, or why it cannot.
 
     The reason covers a capacity the device lacks and a policy violation; whether the
-    amount still fits is :func:`fit`'s business.
+    amount still fits is :func:`fit`'s business. Raises :class:`AllocationError` (naming
+    the request and both spellings) when the request names a capacity of the device both
+    with and without the driver's domain.
     """
     resolved: dict[str, QuantityValue] = {}
-    # Like the scheduler, a request names a capacity exactly as the slice spells it: a
-    # slice's "memory" is not requested by "<driver>/memory" (nor the other way round).
-    as_published = {cap.name: qualified for qualified, cap in device.capacity.items()}
-    for name, value in (requests or {}).items():
-        qualified = as_published.get(name)
-        if qualified is None:
-            return None, f"has no capacity {name}"
+    spelled: dict[str, str] = {}
+    missing: str | None = None
+    for name, value in (req.capacity or {}).items():
+        qualified = qualify(name, device.driver)
+        if qualified not in device.capacity:
+            missing = missing or name
+            continue
+        if qualified in spelled:
+            bare, full = sorted((name, spelled[qualified]), key=len)
+            raise AllocationError(
+                f"{req.who}: capacity {bare!r} requested both as {bare!r} and as {full!r}, "
+                f"which name the same capacity of {device.driver} devices: request it once",
+                node_dependent=True,
+            )
         resolved[qualified] = value
+        spelled[qualified] = name
+    if missing is not None:
+        return None, f"has no capacity {missing}"
     consumed: dict[str, QuantityValue] = {}
     for qualified, cap in device.capacity.items():
         requested = resolved.get(qualified)

@@ -287,7 +287,10 @@ def device_problem(req: Req, device: CandidateDevice, context: _Context) -> tupl
                         f"{display_quantity(value)}, {display_quantity(max(have, Decimal(0)))} left"
                     )
     if req.capacity is not None or device.allow_multiple:
-        consumed, problem = consumed_capacity(req.capacity, device)
+        try:
+            consumed, problem = consumed_capacity(req, device)
+        except AllocationError as e:
+            return "capacity", e.message
         if consumed is None:
             return "capacity", problem or "capacity does not fit"
         short = fit(consumed, device, state.consumed.get(device.id), None)

@@ -49,7 +49,7 @@ class QuantityValue:
 
 @dataclass(frozen=True)
 class Capacity:
-    name: str  # as published
+    name: str  # as published: the spelling written to consumedCapacity in claim status
     qualified: str
     value: QuantityValue
     default: QuantityValue | None = None
@@ -164,8 +164,11 @@ class CandidateDevice:
                         break
         self.capacity: dict[str, Capacity] = {}
         for name, cap in (raw.get("capacity") or {}).items():
+            qualified = qualify(name, self.driver)
+            if "/" not in name and qualified in self.capacity:
+                continue  # spelled both ways: the driver-qualified entry wins (as in Go)
             try:
-                self.capacity[qualify(name, self.driver)] = _capacity(name, self.driver, cap)
+                self.capacity[qualified] = _capacity(name, self.driver, cap)
             except QuantityError:
                 continue
         self.consumes: list[tuple[str, dict[str, Decimal]]] = []

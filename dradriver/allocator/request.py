@@ -77,6 +77,7 @@ class Req:
         "selectors",
         "sub",
         "tolerations",
+        "who",
     )
 
     def __init__(self, claim_index: int, base: str, sub: str | None) -> None:
@@ -95,6 +96,9 @@ class Req:
         self.admin = False
         self.tolerations: list[Obj] = []
         self.capacity: dict[str, QuantityValue] | None = None
+        """Capacity requests by name as the claim spells it (with or without a domain)."""
+        self.who = f"request {self.full_name}"
+        """``claim <key>, request <name>``: how messages name this request."""
 
 
 def build_request(
@@ -107,7 +111,7 @@ def build_request(
 ) -> Req:
     """A :class:`Req` with its class and compiled selectors; raises :class:`AllocationError`."""
     req = Req(ci, base, sub)
-    who = f"claim {claim_key(claim)}, request {req.full_name}"
+    who = req.who = f"claim {claim_key(claim)}, request {req.full_name}"
     for i, selector in enumerate(spec.get("selectors") or []):
         if not (selector.get("cel") or {}).get("expression"):
             raise AllocationError(

@@ -216,7 +216,7 @@ class Search:
                 if not self.selectable(req, device):
                     continue
                 if req.capacity is not None or device.allow_multiple:
-                    consumed, _ = consumed_capacity(req.capacity, device)
+                    consumed, _ = consumed_capacity(req, device)
                     if consumed is None or self.capacity_problem(device, consumed):
                         continue
                 req.all_devices.append(device)
@@ -431,7 +431,7 @@ class Search:
             added.append(constraint)
         consumed: dict[str, QuantityValue] | None = None
         if req.capacity is not None or multi:
-            consumed, _ = consumed_capacity(req.capacity, device)
+            consumed, _ = consumed_capacity(req, device)
             if consumed is None or self.capacity_problem(device, consumed) is not None:
                 for done in added:
                     done.remove(req)

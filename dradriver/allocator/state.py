@@ -4,7 +4,8 @@ Built the way the scheduler gathers its allocated state from every allocated cla
 
 * results with ``adminAccess: true`` do not count (admin access never takes a device);
 * results with a ``shareID`` are shares of a multi-allocatable device: the device stays
-  allocatable, but its ``consumedCapacity`` adds up;
+  allocatable, but its ``consumedCapacity`` adds up, by fully-qualified name whichever
+  spelling (``slots`` or ``<driver>/slots``) each claim's status uses;
 * every other result takes the device exclusively.
 
 The state also remembers which claim holds what, so explanations can say "allocated to
@@ -94,8 +95,11 @@ class AllocatedState:
             share_id = result.get("shareID")
             consumed: dict[str, Decimal] = {}
             for name, value in (result.get("consumedCapacity") or {}).items():
+                qualified = qualify(name, driver)
+                if "/" not in name and qualified in consumed:
+                    continue  # spelled both ways: the driver-qualified entry wins (as in Go)
                 try:
-                    consumed[qualify(name, driver)] = parse_quantity(str(value))
+                    consumed[qualified] = parse_quantity(str(value))
                 except QuantityError:
                     continue
             self._hold(key, Held(device, str(share_id) if share_id else None, consumed))

@@ -309,6 +309,19 @@ def compile_selector(expression: str) -> Selector:
     return cached
 
 
+def syntax_tree(expression: str) -> ast.Checked:
+    """The checked syntax tree of ``expression`` in the selectors' environment (macros
+    expanded); raises :class:`CompileError` for syntax and type errors only (neither the
+    length nor the cost limit is applied: for reading selectors the apiserver has stored)."""
+    try:
+        checked = _environment().compile(expression)
+        return ast.decode(checked.serialize())
+    except RuntimeError as e:
+        raise CompileError(expression, compile_message(str(e))) from e
+    except ast.DecodeError as e:
+        raise CompileError(expression, f"internal error reading the checked expression: {e}") from e
+
+
 def validate_selector(expression: str) -> str | None:
     """What is wrong with ``expression`` as a new selector (for admission), or None.
 

@@ -5,11 +5,14 @@ The apiserver accepts JSON nested up to 10,000 levels (a claim's
 ``RecursionError`` at about 1,000 and ``copy.deepcopy`` fails at about 330
 (two frames per level). A list or watch response must cost such an object, not
 the informer's cache: :func:`decode_list` and :func:`decode_watch_event` stand
-an object nested deeper than :data:`MAX_DEPTH` in with a :class:`TooDeepObject`
-that carries only its kind and identity (name, namespace, uid,
-resourceVersion), so the informer can skip it by name, count it and resume
-after it. Every object they return otherwise is at most :data:`MAX_DEPTH`
-deep, so whatever later walks it recursively has room on the stack.
+an object nested deeper than :data:`MAX_DEPTH` in with a :class:`TooDeepObject`:
+the object itself with every container deeper than the limit replaced by
+:data:`CUT`, so its identity (kind, name, namespace, uid, resourceVersion) and
+whatever sits above the cut (a claim's ``status.allocation.devices.results``,
+about 8 levels down) stay readable. The informer keeps it out of its cache by
+name, counts it and resumes after it. Every object they return, stand-ins
+included, is at most :data:`MAX_DEPTH` deep, so whatever walks it recursively has
+room on the stack; only a :class:`TooDeepObject` contains :data:`CUT`.
 
 The fast path is ``json.loads`` after a depth check in a few C-speed byte
 passes (skipped when the text has fewer brackets than the limit, as most
@@ -41,25 +44,44 @@ _STRING_REST = re.compile(r'[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
 _CUT_TOKEN = "NaN"
 
 
-class _Cut:
-    """Where a container nested too deep was cut out (``json.loads`` gives ``NaN`` as this)."""
+class Cut:
+    """Where a container nested too deep was cut out (``json.loads`` gives ``NaN`` as this).
+
+    One instance, :data:`CUT`; copies and pickles of it are that instance, so ``is CUT``
+    holds wherever a cut object travels.
+    """
 
     def __repr__(self) -> str:
         return "<cut: nested too deep>"
 
+    def __copy__(self) -> Cut:
+        return self
 
-_CUT = _Cut()
+    def __deepcopy__(self, memo: object) -> Cut:
+        return self
+
+    def __reduce__(self) -> str:
+        return "CUT"
+
+
+CUT = Cut()
 
 
 class TooDeepObject(dict[str, Any]):
-    """Stands in for an object nested deeper than the limit: its kind and identity only.
+    """Stands in for an object nested deeper than the limit: the object, cut.
 
-    A ``dict`` so it travels where objects do; ``isinstance`` tells it apart.
+    Its content is the object with each container deeper than the limit replaced by
+    :data:`CUT` (or only its kind and identity when the object itself is not a JSON
+    object). A ``dict`` so it travels where objects do; ``isinstance`` tells it apart,
+    and it is never to be handled as a whole object (see :func:`was_cut`).
     """
 
-    def __init__(self, identity: Obj, max_depth: int) -> None:
-        super().__init__(identity)
+    def __init__(self, content: Obj, max_depth: int, identity_only: bool = False) -> None:
+        super().__init__(content)
         self.reason = f"nested deeper than {max_depth} levels"
+        # True when the object had no readable metadata: its content is its identity only
+        # and says nothing else (not even that a field is absent).
+        self.identity_only = identity_only
 
 
 def nested_deeper_than(data: bytes | str, limit: int) -> bool:
@@ -126,12 +148,13 @@ def _cut_deep(text: str, limit: int) -> str:
     return "".join(out)
 
 
-def _was_cut(value: Any) -> bool:
-    """Whether a decoded value holds a cut (iterative: its depth is bounded, but not small)."""
+def was_cut(value: Any) -> bool:
+    """Whether a decoded value is or holds a :data:`CUT` (iterative: its depth is bounded,
+    but not small)."""
     stack = [value]
     while stack:
         item = stack.pop()
-        if item is _CUT:
+        if item is CUT:
             return True
         if isinstance(item, dict):
             stack.extend(item.values())
@@ -148,11 +171,13 @@ def _loads(data: bytes | str, max_depth: int) -> tuple[Any, bool]:
         except RecursionError:
             pass  # unbalanced or deeper than the check saw: scan it
     cut = _cut_deep(_text(data), max_depth)
-    return json.loads(cut, parse_constant=lambda _name: _CUT), True
+    return json.loads(cut, parse_constant=lambda _name: CUT), True
 
 
-def _identity(obj: Any, max_depth: int) -> TooDeepObject:
-    """The kind and identity of a (cut) object: what a log line and a cache key need."""
+def _stand_in(obj: Any, max_depth: int) -> TooDeepObject:
+    """A cut object as its stand-in; only its kind and identity if it has no object shape."""
+    if isinstance(obj, dict) and isinstance(obj.get("metadata"), dict):
+        return TooDeepObject(obj, max_depth)
     identity: Obj = {}
     meta_out: Obj = {}
     if isinstance(obj, dict):
@@ -165,7 +190,7 @@ def _identity(obj: Any, max_depth: int) -> TooDeepObject:
                 if isinstance(meta.get(field), str):
                     meta_out[field] = meta[field]
     identity["metadata"] = meta_out
-    return TooDeepObject(identity, max_depth)
+    return TooDeepObject(identity, max_depth, identity_only=True)
 
 
 def decode_list(data: bytes | str, max_depth: int = MAX_DEPTH) -> Obj:
@@ -181,8 +206,8 @@ def decode_list(data: bytes | str, max_depth: int = MAX_DEPTH) -> Obj:
         return doc
     items = doc.get("items")
     if isinstance(items, list):
-        doc["items"] = [_identity(i, max_depth) if _was_cut(i) else i for i in items]
-    if _was_cut({k: v for k, v in doc.items() if k != "items"}):
+        doc["items"] = [_stand_in(i, max_depth) if was_cut(i) else i for i in items]
+    if was_cut({k: v for k, v in doc.items() if k != "items"}):
         raise ValueError(f"list response nested deeper than {max_depth} levels outside its items")
     return doc
 
@@ -200,5 +225,5 @@ def decode_watch_event(data: bytes | str, max_depth: int = MAX_DEPTH) -> Obj:
     event_type = doc.get("type")
     return {
         "type": event_type if isinstance(event_type, str) else "",
-        "object": _identity(doc.get("object"), max_depth),
+        "object": _stand_in(doc.get("object"), max_depth),
     }

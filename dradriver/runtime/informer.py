@@ -31,7 +31,10 @@ the watch goes on after it and a list syncs without it. A skipped object is
 never reported as deleted: if an earlier version is cached, that version
 stays (stale, not gone) until the object is fixed or deleted. Every object in
 the cache is therefore at most ``MAX_DEPTH`` deep, so handlers and
-reconcilers may deep-copy or walk it.
+reconcilers may deep-copy or walk it. A too-deep object is not a silent gap
+either: its cut version is shown apart, in :attr:`Informer.unreadable`, to
+handlers registered with :meth:`Informer.add_unreadable_handler` (see
+:mod:`dradriver.runtime.unusable`), until it is deleted or readable again.
 """
 
 from __future__ import annotations
@@ -39,22 +42,26 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
-from collections.abc import AsyncIterator, Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from typing import Any, Protocol
 
 from dradriver.k8s.errors import KubeAPIError, is_gone
 from dradriver.k8s.jsondecode import TooDeepObject
 from dradriver.k8s.objects import Obj
 from dradriver.log import get_logger
+from dradriver.runtime.dispatch import AddHandler, DeleteHandler, Dispatch, UpdateHandler
+from dradriver.runtime.dispatch import EventHandler as EventHandler  # public name, kept
 from dradriver.runtime.metrics import RuntimeMetrics
 from dradriver.runtime.ratelimit import Backoff
+from dradriver.runtime.unusable import (
+    SKIP_MALFORMED,
+    UnreadableHandler,
+    UnusableObjects,
+    identity,
+)
+from dradriver.runtime.unusable import SKIP_TOO_DEEP as SKIP_TOO_DEEP  # public name, kept
 
 log = get_logger("informer")
-
-AddHandler = Callable[[Obj], None]
-UpdateHandler = Callable[[Obj, Obj], None]
-DeleteHandler = Callable[[Obj], None]
 
 
 class ListWatchClient(Protocol):
@@ -94,52 +101,9 @@ def resource_version(obj: Obj) -> str:
 # Watch event types the metrics count by name; anything else is counted as "other",
 # so a broken or hostile stream cannot grow the label set.
 _EVENT_TYPES = frozenset({"ADDED", "MODIFIED", "DELETED", "BOOKMARK", "ERROR"})
-# Why an object was skipped: the values of the ``reason`` label.
-SKIP_TOO_DEEP = "too_deep"
-SKIP_MALFORMED = "malformed"
 
 
-def _why_unusable(obj: object) -> tuple[str, str] | None:
-    """``(reason label, detail)`` if ``obj`` cannot go into the cache, else None."""
-    if isinstance(obj, TooDeepObject):
-        return SKIP_TOO_DEEP, obj.reason
-    if not isinstance(obj, dict):
-        return SKIP_MALFORMED, f"not a JSON object but {type(obj).__name__}"
-    meta = obj.get("metadata")
-    if not isinstance(meta, dict):
-        return SKIP_MALFORMED, "metadata is not an object"
-    name, namespace = meta.get("name"), meta.get("namespace")
-    if not isinstance(name, str) or not name:
-        return SKIP_MALFORMED, "metadata.name is missing or not a string"
-    if namespace is not None and not isinstance(namespace, str):
-        return SKIP_MALFORMED, "metadata.namespace is not a string"
-    if not isinstance(meta.get("resourceVersion", ""), str):
-        return SKIP_MALFORMED, "metadata.resourceVersion is not a string"
-    return None
-
-
-def _identity(obj: object) -> dict[str, str]:
-    """Kind, namespace and name as far as ``obj`` has them, for a log line."""
-    out: dict[str, str] = {}
-    if isinstance(obj, dict):
-        if isinstance(obj.get("kind"), str):
-            out["kind"] = obj["kind"]
-        meta = obj.get("metadata")
-        if isinstance(meta, dict):
-            for field in ("namespace", "name", "resourceVersion"):
-                if isinstance(meta.get(field), str):
-                    out["resource_version" if field == "resourceVersion" else field] = meta[field]
-    return out
-
-
-@dataclass(frozen=True)
-class EventHandler:
-    on_add: AddHandler | None = None
-    on_update: UpdateHandler | None = None
-    on_delete: DeleteHandler | None = None
-
-
-class Informer:
+class Informer(Dispatch):
     """Keeps an up-to-date cache of the objects under ``path`` and tells handlers about changes.
 
     ``path`` is a collection path, e.g. ``path_for(RESOURCE_V1, "resourceclaims")``
@@ -181,7 +145,6 @@ class Informer:
             self._selectors["fieldSelector"] = field_selector
         self._backoff = backoff or Backoff(base=0.8, cap=30.0)
         self._metrics = metrics
-        self._handlers: list[EventHandler] = []
         self._cache: dict[str, Obj] = {}
         self._rv: str | None = None  # None: the next step is a full list
         self._synced = asyncio.Event()
@@ -195,8 +158,9 @@ class Informer:
         self.expired = 0
         self.bookmarks = 0
         self.errors = 0
-        self.skipped = 0
         self.last_error: str = ""
+        self._unusable = UnusableObjects(self.name, path, key_func, metrics)
+        super().__init__(self.name, self._unusable.key_or_none)
 
     # --- handlers and cache -----------------------------------------------------
 
@@ -230,6 +194,25 @@ class Informer:
 
     def __iter__(self) -> Iterator[Obj]:
         return iter(list(self._cache.values()))
+
+    @property
+    def skipped(self) -> int:
+        """Objects left out of the cache so far (too deep or malformed)."""
+        return self._unusable.skipped
+
+    @property
+    def unreadable(self) -> Mapping[str, Obj]:
+        """Key -> cut version of each object too deep to decode (never in the cache)."""
+        return self._unusable.unreadable
+
+    def add_unreadable_handler(
+        self,
+        on_unreadable: UnreadableHandler | None = None,
+        on_cleared: UnreadableHandler | None = None,
+    ) -> None:
+        """Be told ``(key, cut object)`` when an object turns (or stays) too deep to decode,
+        and when it is deleted or readable again; those unreadable now are replayed."""
+        self._unusable.add_handler(on_unreadable, on_cleared)
 
     @property
     def has_synced(self) -> bool:
@@ -343,14 +326,17 @@ class Informer:
             raise
         old = self._cache
         new: dict[str, Obj] = {}
+        too_deep: dict[str, TooDeepObject] = {}
         skipped = 0
         for obj in items:
-            key = self._usable_key(obj, "list")
+            key = self._unusable.usable_key(obj, "list")
             if key is not None:
                 new[key] = obj
             else:
                 skipped += 1
-                key = self._key_or_none(obj)
+                key = self._unusable.key_or_none(obj)
+                if key is not None and isinstance(obj, TooDeepObject):
+                    too_deep[key] = obj
                 if key is not None and key in old:  # skipped, not gone: keep the last good one
                     new[key] = old[key]
         self._cache = new
@@ -367,6 +353,7 @@ class Informer:
             if key not in new:
                 deleted += 1
                 self._dispatch_delete(obj)
+        self._unusable.relisted(too_deep, (k for k in new if k not in too_deep))
         self._rv = rv
         self._backoff.reset()
         self.last_error = ""
@@ -436,7 +423,9 @@ class Informer:
 
     def _on_event(self, event: object) -> None:
         if not isinstance(event, dict):
-            self._skip(event, SKIP_MALFORMED, "the watch event is not a JSON object", "watch")
+            self._unusable.skip(
+                event, SKIP_MALFORMED, "the watch event is not a JSON object", "watch"
+            )
             return
         kind = event.get("type")
         kind = kind if isinstance(kind, str) else ""
@@ -453,7 +442,7 @@ class Informer:
             raise WatchError(f"watch {self.path}: {code} {message}")
         if kind == "BOOKMARK":
             self.bookmarks += 1
-            rv = _identity(obj).get("resource_version")
+            rv = identity(obj).get("resource_version")
             if rv:
                 self._rv = rv
             self._made_progress()
@@ -461,12 +450,9 @@ class Informer:
         if kind not in ("ADDED", "MODIFIED", "DELETED"):
             log.warning("unknown watch event type", informer=self.name, type=kind)
             return
-        key = self._usable_key(obj, kind)
+        key = self._unusable.usable_key(obj, kind)
         if key is None:
-            # Skipped, not gone; but a deletion is one, whatever the object looks like.
-            gone = self._key_or_none(obj)
-            if kind == "DELETED" and gone is not None and gone in self._cache:
-                self._dispatch_delete(self._cache.pop(gone))
+            self._unusable_event(kind, obj)
         else:
             assert isinstance(obj, dict)
             before = self._cache.get(key)
@@ -480,7 +466,8 @@ class Informer:
                     self._dispatch_add(obj)
                 else:
                     self._dispatch_update(before, obj)
-        rv = _identity(obj).get("resource_version")
+            self._unusable.clear(key)  # readable again (after the cache has it), or gone
+        rv = identity(obj).get("resource_version")
         if rv:  # also after a skipped object: a resumed watch starts after it
             self._rv = rv
         self._made_progress()
@@ -490,44 +477,18 @@ class Informer:
         self._progress = True
         self._backoff.reset()
 
-    def _usable_key(self, obj: object, event: str) -> str | None:
-        """The cache key of an object fit for the cache; None (skipped, logged) otherwise."""
-        problem = _why_unusable(obj)
-        if problem is None:
-            assert isinstance(obj, dict)
-            try:
-                return self.key_func(obj)
-            except Exception as e:
-                problem = (SKIP_MALFORMED, f"no cache key: {e!r}")
-        self._skip(obj, *problem, event)
-        return None
-
-    def _key_or_none(self, obj: object) -> str | None:
-        """The cache key of a usable or too-deep object, if it has one."""
-        if not isinstance(obj, TooDeepObject) and _why_unusable(obj) is not None:
-            return None
-        assert isinstance(obj, dict)
-        try:
-            key = self.key_func(obj)
-        except Exception:
-            return None
-        return key or None
-
-    def _skip(self, obj: object, reason: str, detail: str, event: str) -> None:
-        self.skipped += 1
-        if self._metrics is not None:
-            self._metrics.informer_skipped.labels(self.name, reason).inc()
-        who = _identity(obj)
-        log.warning(
-            "skipped an object the informer cannot use; the others go on",
-            informer=self.name,
-            kind=who.get("kind") or self.path.rstrip("/").rsplit("/", 1)[-1],
-            namespace=who.get("namespace", ""),
-            name=who.get("name", ""),
-            resource_version=who.get("resource_version", ""),
-            event=event,
-            reason=detail,
-        )
+    def _unusable_event(self, kind: str, obj: object) -> None:
+        """A skipped object: not gone (a too-deep one is kept as unreadable); but a
+        deletion is one, whatever the object looks like."""
+        key = self._unusable.key_or_none(obj)
+        if key is None:
+            return
+        if kind == "DELETED":
+            if key in self._cache:
+                self._dispatch_delete(self._cache.pop(key))
+            self._unusable.clear(key)
+        elif isinstance(obj, TooDeepObject):
+            self._unusable.set_unreadable(key, obj)
 
     async def _resync_loop(self, period: float) -> None:
         """Periodically re-deliver every cached object as an update (level-based safety net)."""
@@ -536,31 +497,3 @@ class Informer:
             if self._synced.is_set():
                 for obj in list(self._cache.values()):
                     self._dispatch_update(obj, obj)
-
-    # --- dispatch ---------------------------------------------------------------
-
-    def _dispatch_add(self, obj: Obj) -> None:
-        for h in self._handlers:
-            if h.on_add is not None:
-                self._call("add", h.on_add, obj)
-
-    def _dispatch_update(self, old: Obj, new: Obj) -> None:
-        for h in self._handlers:
-            if h.on_update is not None:
-                self._call("update", h.on_update, old, new)
-
-    def _dispatch_delete(self, obj: Obj) -> None:
-        for h in self._handlers:
-            if h.on_delete is not None:
-                self._call("delete", h.on_delete, obj)
-
-    def _call(self, what: str, fn: Callable[..., None], *args: Obj) -> None:
-        try:
-            fn(*args)
-        except Exception:  # RecursionError included: one event, not the informer
-            log.exception(
-                "event handler failed",
-                informer=self.name,
-                event=what,
-                key=self._key_or_none(args[-1]) or "",
-            )

@@ -8,7 +8,8 @@
   ``devices.config[].opaque`` entry for this driver (``DeviceConfig``, inline
   ``DeviceClaimParameters`` with their selectors, ``DeviceClaimParametersReference``),
   and the CEL selectors of requests (``exactly`` and ``firstAvailable[]``) whose
-  device class is one of this driver's classes.
+  device class is one of this driver's classes, and that such a request names each
+  capacity once (``memory`` or ``<driver>/memory``, not both).
 - ``NetworkDevicePool`` (group = the driver name, cluster-scoped): name and spec against
   the pydantic models of :mod:`dradriver.api.networkpool` (:func:`~dradriver.api.networkpool.
   validate_object`), which check what the CRD schema cannot: the backend's settings
@@ -218,7 +219,7 @@ def _list(value: Any) -> list[Any]:
 
 
 def _request_selector_errors(
-    settings: Settings, request: Obj, where: str, budget: Budget | None
+    settings: Settings, request: Obj, where: str, budget: Budget | None, name: str
 ) -> list[FieldError]:
     class_name = request.get("deviceClassName")
     if not isinstance(class_name, str) or class_name not in settings.device_classes:
@@ -230,18 +231,23 @@ def _request_selector_errors(
             error = _checked(expression, f"{where}.selectors[{index}].cel.expression", budget)
             if error is not None:
                 errors.append(error)
-    # The scheduler looks a capacity request up by the exact name the slice publishes, and
-    # dradriver publishes its own names without its domain.
+    return errors + _capacity_name_errors(settings.driver, request, where, name)
+
+
+def _capacity_name_errors(driver: str, request: Obj, where: str, name: str) -> list[FieldError]:
+    """A request of the driver's classes may name a capacity with or without the driver's
+    domain (``memory`` or ``<driver>/memory``, one name, as the 1.38 scheduler resolves
+    them), but not both ways at once: the scheduler refuses such a claim."""
     requests = _dict(_dict(request.get("capacity")).get("requests"))
+    errors = []
     for key in requests:
-        problem = names.own_domain_prefix_problem(str(key), settings.driver, "capacity")
-        if problem is not None:
+        bare = names.published_name(str(key), driver)
+        if bare != key and bare in requests:
             errors.append(
                 FieldError(
                     f"{where}.capacity.requests.{key}",
-                    problem.split(" (the domain")[0]
-                    + ": the devices publish it without the domain and the scheduler "
-                    "matches capacity requests by the exact name",
+                    f"request {name!r} asks for capacity {bare!r} both as {bare!r} and as "
+                    f"{key!r}, which name the same capacity of {driver} devices: keep one",
                 )
             )
     return errors
@@ -266,14 +272,20 @@ def claim_spec_errors(
     for index, raw in enumerate(_list(devices.get("requests"))):
         request = _dict(raw)
         at = f"{where}.devices.requests[{index}]"
+        name = str(request.get("name", ""))
         if "exactly" in request:
             exactly = _dict(request["exactly"])
-            errors += _request_selector_errors(settings, exactly, f"{at}.exactly", budget)
+            errors += _request_selector_errors(settings, exactly, f"{at}.exactly", budget, name)
         elif "deviceClassName" in request:  # resource.k8s.io/v1beta1 shape
-            errors += _request_selector_errors(settings, request, at, budget)
-        for sub_index, sub in enumerate(_list(request.get("firstAvailable"))):
+            errors += _request_selector_errors(settings, request, at, budget, name)
+        for sub_index, raw_sub in enumerate(_list(request.get("firstAvailable"))):
+            sub = _dict(raw_sub)
             errors += _request_selector_errors(
-                settings, _dict(sub), f"{at}.firstAvailable[{sub_index}]", budget
+                settings,
+                sub,
+                f"{at}.firstAvailable[{sub_index}]",
+                budget,
+                f"{name}/{sub.get('name', '')}",
             )
     return errors
 

@@ -67,15 +67,19 @@ class PodResourcesClient:
         self.socket = socket
         self.timeout = timeout
 
-    async def list(self) -> list[Assignment]:
+    async def pods(self) -> list[pb.PodResources]:
+        """The List answer's pods (device-plugin devices and DRA claims per container)."""
         options = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)]
         async with grpc.aio.insecure_channel(f"unix://{self.socket}", options=options) as ch:
             response = await pb_grpc.PodResourcesListerStub(ch).List(
                 pb.ListPodResourcesRequest(), timeout=self.timeout
             )
+        return list(response.pod_resources)
+
+    async def list(self) -> list[Assignment]:
         return [
             Assignment(pod.namespace, pod.name, c.name, d.resource_name, frozenset(d.device_ids))
-            for pod in response.pod_resources
+            for pod in await self.pods()
             for c in pod.containers
             for d in c.devices
             if d.device_ids

@@ -16,8 +16,9 @@ from bench.suite import BEGIN, END, Bench, Run, discover, has_table, run, sectio
 
 def test_every_benchmark_module_is_found_with_its_smoke_arguments() -> None:
     found = {b.name: b for b in discover()}
-    helpers = {"common", "suite", "faultproxy"}
     modules = {m.name for m in pkgutil.iter_modules(bench.__path__) if not m.name.startswith("_")}
+    # fault_*: rows of bench.faults in modules of their own
+    helpers = {"common", "suite", "faultproxy"} | {m for m in modules if m.startswith("fault_")}
     assert set(found) == modules - helpers  # a module with main() but no SMOKE_ARGS raises
     assert found["controller_allocation"].cluster == "own"
     assert found["faults"].own_smoke_test == "tests/cluster/test_bench_faults.py"

@@ -442,3 +442,55 @@ def test_cel_runtime_errors_abort_like_the_scheduler(rig: Rig) -> None:
     verdict, detail = rig.run_pod(scenario)
     assert verdict == "error" and isinstance(detail, str), detail
     assert "CEL runtime error" in detail and "no such key: cores" in detail, detail
+
+
+def test_capacity_named_with_or_without_the_driver_domain(rig: Rig, cluster_release: str) -> None:
+    """From 1.38, ``bandwidth`` and ``<driver>/bandwidth`` are one capacity: shares add up
+    whichever spelling each claim uses, the status spells it as the slice does, and a
+    request naming it both ways is an error. Before 1.38 the scheduler matched the slice's
+    exact spelling only, which our allocator (1.38 rules) does not follow: there the test
+    checks that fact and stops."""
+    d = rig.driver
+    name = f"{rig.id}-f-vnic"
+    rig.slice_names.append(name)
+    vnic = {
+        "name": "vnic",
+        "attributes": rig.attr(model="vnic"),
+        "allowMultipleAllocations": True,
+        "capacity": {f"{d}/bandwidth": {"value": "4G"}},  # spelled out in the slice
+    }
+    spec = {"driver": d, "pool": {"name": "vnic", "generation": 1, "resourceSliceCount": 1}}
+    rig.api.create(
+        path_for(R, "resourceslices"),
+        {"metadata": {"name": name}, "spec": {**spec, "nodeName": NODE, "devices": [vnic]}},
+    )
+
+    def share(claim: str, model: str, *spellings: str) -> Scenario:
+        capacity = {"requests": {s: "3G" for s in spellings}}
+        return Scenario(
+            claim, [{"name": "n", "exactly": rig.exactly([rig.model(model)], capacity=capacity)}]
+        )
+
+    minor = int(cluster_release.lstrip("v").split(".")[1])
+    if minor < 38:
+        verdict, detail = rig.run_pod(share("spelled-out", "nic", f"{d}/bandwidth"))
+        assert verdict == "unschedulable", f"{cluster_release}: {detail}"
+        pytest.skip(f"{cluster_release} matches capacity requests by the slice's spelling only")
+    # The nic's slice says "bandwidth" (10G, steps of 1G): 3G + 3G + 3G, either spelling.
+    check(rig, share("nic-q0", "nic", f"{d}/bandwidth"), True)
+    check(rig, share("nic-b1", "nic", "bandwidth"), True)
+    check(rig, share("nic-q2", "nic", f"{d}/bandwidth"), True)
+    check(rig, share("nic-b3", "nic", "bandwidth"), False, "not enough bandwidth: needs 3G, 1G")
+    # The vnic's slice spells the domain out: so does the status (check() compares it).
+    theirs = check(rig, share("vnic-b0", "vnic", "bandwidth"), True)
+    assert theirs is not None
+    assert theirs["devices"]["results"][0]["consumedCapacity"] == {f"{d}/bandwidth": "3G"}
+    check(rig, share("vnic-q1", "vnic", f"{d}/bandwidth"), False, f"not enough {d}/bandwidth")
+    # Both spellings in one request: an error for the scheduler and for us.
+    both = share("both", "vnic", "bandwidth", f"{d}/bandwidth")
+    allocator, state, node = rig.our_view()
+    ours = allocator.allocate([rig.claim_object(both)], state, node=node)
+    assert ours.error is not None and "requested both as 'bandwidth' and as" in ours.error
+    verdict, detail = rig.run_pod(both)
+    assert verdict == "error" and isinstance(detail, str), detail
+    assert "requested both as" in detail, detail

@@ -17,7 +17,7 @@ import pytest
 from bench import faults
 
 HEADER = ["fault", "runs", "metric", "value", "promised"]
-FAULTS = ("(a) ", "(b) ", "(c) ", "(d) ", "(e) ")
+FAULTS = ("(a) ", "(b) ", "(c) ", "(d) ", "(e) ", "(f1) ")
 
 
 def table_rows(out: str) -> list[list[str]]:
@@ -40,9 +40,13 @@ def test_quick_fault_suite_prints_the_table_with_zeros_where_promised(
     rows = table_rows(capsys.readouterr().out)
     for prefix in FAULTS:
         assert any(r[0].startswith(prefix) for r in rows), f"no row for fault {prefix}"
+    assert any(r[0].startswith("(f3) ") for r in rows), "no row for fault (f3)"
     zero_rows = [r for r in rows if r[4] == "0"]
-    assert len(zero_rows) >= 14  # (a) 5, (b) 2, (c) 4, (d) 3
+    assert len(zero_rows) >= 17  # (a) 5, (b) 2, (c) 4, (d) 3, (f1) 3
     assert [r for r in zero_rows if r[3] != "0"] == []
+    scope = [r for r in rows if r[0].startswith("(f1) ")]
+    assert [r[3] for r in scope if r[4] == "0"] == ["0", "0", "0"]  # taken, finalized, annotated
+    assert [r[3] for r in scope if r[4] == "1"] == ["1"]  # one event per claim left alone
     admitted = [r for r in rows if r[4] == "all"]
     assert len(admitted) == 4  # one per hostile object
     for r in admitted:

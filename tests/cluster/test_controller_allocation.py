@@ -351,7 +351,10 @@ def test_with_the_chart_finalizer_policy_allocating_is_one_controller_write(
     if not finalizerpolicy.served(api):
         pytest.skip("this cluster does not serve admissionregistration.k8s.io/v1 policies")
     stage = f"{STAGE_METRIC}_count{{stage="
-    with Rig(api, namespace, devices=2) as rig, finalizerpolicy.installed(api, namespace):
+    with (
+        Rig(api, namespace, devices=2) as rig,
+        finalizerpolicy.installed(api, namespace, classes=[rig.cls]),
+    ):
         try:
             created = rig.claim("one")
             assert FINALIZER in created["metadata"]["finalizers"]

@@ -29,6 +29,14 @@ class FakeInformer:
     def add_handler(self, **handlers: Callable[..., None] | None) -> None:
         self.handlers.append(handlers)
 
+    def add_unreadable_handler(
+        self,
+        on_unreadable: Callable[[str, Obj], None] | None = None,
+        on_cleared: Callable[[str, Obj], None] | None = None,
+    ) -> None:
+        """Objects too deep to decode: this fake has none (the real informer's tests and
+        the controller's finding-3 tests play them)."""
+
     @property
     def has_synced(self) -> bool:
         return self.synced

@@ -12,11 +12,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dradriver.k8s.jsondecode import (
+    CUT,
     MAX_DEPTH,
     TooDeepObject,
     decode_list,
     decode_watch_event,
     nested_deeper_than,
+    was_cut,
 )
 from dradriver.k8s.objects import Obj
 from dradriver.runtime import Informer, RuntimeMetrics
@@ -63,13 +65,31 @@ def test_any_bytes_decode_to_an_object_or_a_value_error(data: bytes, limit: int)
 
 
 def identity_fits(stand_in: TooDeepObject, original: Any) -> None:
-    """What a stand-in keeps is the original's kind and identity, nothing else."""
+    """A stand-in without metadata keeps the original's kind and identity, nothing else."""
     assert set(stand_in) <= {"apiVersion", "kind", "metadata"}
     for key in ("apiVersion", "kind"):
         if key in stand_in:
             assert stand_in[key] == original[key]
     for key, value in stand_in["metadata"].items():
         assert original["metadata"][key] == value
+
+
+def cut_fits(stand_in: Any, original: Any) -> None:
+    """A cut stand-in is the original with some containers replaced by CUT, nothing else
+    changed (iterative: the original may be deep)."""
+    stack = [(stand_in, original)]
+    while stack:
+        got, want = stack.pop()
+        if got is CUT:
+            assert isinstance(want, dict | list)
+        elif isinstance(want, dict):
+            assert isinstance(got, dict) and got.keys() == want.keys()
+            stack.extend((got[k], want[k]) for k in want)
+        elif isinstance(want, list):
+            assert isinstance(got, list) and len(got) == len(want)
+            stack.extend(zip(got, want, strict=True))
+        else:
+            assert got == want
 
 
 objects = st.fixed_dictionaries(
@@ -100,8 +120,10 @@ def test_a_list_keeps_what_fits_and_stands_in_for_what_is_too_deep(
     for got, original in zip(decoded["items"], items, strict=True):
         if 2 + json_depth(original) > limit:  # items sit 2 levels down
             assert isinstance(got, TooDeepObject)
-            assert json_depth(got) <= 2  # kind and identity
-            if isinstance(original, dict):
+            assert json_depth(got) <= max(limit - 2, 2)  # what the limit leaves, or identity
+            if was_cut(got):  # the object, cut
+                cut_fits(got, original)
+            elif isinstance(original, dict):  # cut whole: its identity
                 identity_fits(got, original)
         else:
             assert got == original and not isinstance(got, TooDeepObject)
@@ -171,16 +193,21 @@ def event_scripts(draw: st.DrawFn) -> list[tuple[str, str, Any]]:
 
 
 def model(
-    initial: dict[str, Obj], script: list[tuple[str, str, Any]]
+    initial: dict[str, Obj], script: list[tuple[str, str, Any]], unreadable: dict[str, str]
 ) -> tuple[dict[str, Obj], list[tuple[str, str]]]:
     """What the cache and the handlers must end with: skipped objects change nothing,
-    but a deletion is one, whatever the deleted object looks like."""
+    but a deletion is one, whatever the deleted object looks like. ``unreadable`` ends
+    with the resourceVersion of each key whose latest version is too deep to decode."""
     cache = dict(initial)
     calls: list[tuple[str, str]] = []
     for kind, what, obj in script:
         if kind not in ("ADDED", "MODIFIED", "DELETED") or what == "malformed":
             continue
         key = f"ns/{obj['metadata']['name']}"
+        if kind != "DELETED" and what == "too-deep":
+            unreadable[key] = obj["metadata"]["resourceVersion"]
+        else:
+            unreadable.pop(key, None)
         if kind == "DELETED":
             if key in cache:
                 known = cache.pop(key)
@@ -200,7 +227,8 @@ def test_no_event_stops_the_ones_after_it(
 ) -> None:
     initial = {f"ns/{n}": cm(n, 1) for n in sorted(listed)}
     sentinel = cm("sentinel", 100)
-    expected_cache, expected_calls = model(initial, script)
+    expected_unreadable: dict[str, str] = {}
+    expected_cache, expected_calls = model(initial, script, expected_unreadable)
     expected_cache["ns/sentinel"] = sentinel
 
     async def scenario() -> tuple[Informer, list[tuple[str, str]]]:
@@ -233,6 +261,10 @@ def test_no_event_stops_the_ones_after_it(
     assert dict(zip(informer.keys(), informer.items(), strict=True)) == expected_cache
     assert calls == [("add", "1")] * len(initial) + expected_calls + [("add", "100")]
     assert informer.errors == 0 and informer.watch_starts == 1
+    # A too-deep object is shown apart until deleted or readable again; never cached.
+    assert {k: o["metadata"]["resourceVersion"] for k, o in informer.unreadable.items()} == (
+        expected_unreadable
+    )
     assert informer.skipped == sum(
         1 for k, what, _ in script if k in ("ADDED", "MODIFIED", "DELETED") and what != "good"
     )

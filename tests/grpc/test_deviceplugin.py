@@ -25,7 +25,7 @@ from dradriver.devices.static import create_mock_device
 from dradriver.host.cdi import CDIDevice, CDIRegistry
 from dradriver.host.containeredits import ContainerEdits
 from dradriver.host.state.ledger import Ledger
-from dradriver.host.state.schema import ClaimDevice, DeviceBusy
+from dradriver.host.state.schema import ClaimDevice, DeviceBusy, DeviceRef
 from dradriver.k8s.objects import Obj
 from dradriver.kubeletapi.gen import deviceplugin_v1beta1_pb2 as dp
 from dradriver.kubeletapi.gen import deviceplugin_v1beta1_pb2_grpc as dp_grpc
@@ -117,6 +117,9 @@ class FakePodResources(pr_grpc.PodResourcesListerServicer):  # type: ignore[misc
     def __init__(self) -> None:
         # (namespace, pod, container, resource, device ids)
         self.containers: list[tuple[str, str, str, str, list[str]]] = []
+        # (namespace, pod, container, claim namespace, claim name,
+        #  [(driver, pool, device, CDI id)]): DRA claims, as dynamic_resources
+        self.claims: list[tuple[str, str, str, str, str, list[tuple[str, str, str, str]]]] = []
         self.fail = False
 
     async def List(self, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
@@ -131,6 +134,21 @@ class FakePodResources(pr_grpc.PodResourcesListerServicer):  # type: ignore[misc
                     devices=[pr.ContainerDevices(resource_name=resource, device_ids=ids)],
                 )
             )
+        for ns, pod, container, claim_ns, claim, devices in self.claims:
+            p = pods.setdefault((ns, pod), pr.PodResources(name=pod, namespace=ns))
+            resources = [
+                pr.ClaimResource(
+                    cdi_devices=[pr.CDIDevice(name=cdi)],
+                    driver_name=driver,
+                    pool_name=pool,
+                    device_name=device,
+                )
+                for driver, pool, device, cdi in devices
+            ]
+            dynamic = pr.DynamicResource(
+                claim_name=claim, claim_namespace=claim_ns, claim_resources=resources
+            )
+            p.containers.append(pr.ContainerResources(name=container, dynamic_resources=[dynamic]))
         return pr.ListPodResourcesResponse(pod_resources=list(pods.values()))
 
 
@@ -439,6 +457,34 @@ def test_a_reused_device_supersedes_a_stale_hold(sock_dir: Path) -> None:
         assert second.annotations[f"{DRIVER}/allocation"] == hold.pod_uid
         old = first.annotations[f"{DRIVER}/allocation"]
         assert old not in env.cdi.claim_uids_on_disk()
+
+    run(sock_dir, body)
+
+
+def test_a_hold_of_another_resource_is_never_taken_over(sock_dir: Path) -> None:
+    """dev-0 is held for another resource (devicePlugin.resources changed while its
+    container runs): an Allocate of dev-0 for this resource is refused and the other
+    hold stays, although a hold of the same resource would be superseded."""
+
+    async def body(env: Env) -> None:
+        await env.kubelet.next_registration()
+        other = "example.com/renamed"
+        refs = [DeviceRef(pool=NODE, device="dev-0")]
+        env.ledger.begin_plugin_hold(other, "alloc-other", "main", refs)
+        env.ledger.complete_plugin_hold("alloc-other", "main")
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await allocate(env, "dev-0")
+        assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert other in (err.value.details() or "")
+        assert [(h.resource, h.pod_uid) for h in env.ledger.plugin_holds()] == [
+            (other, "alloc-other")
+        ]
+        # The same resource's stale hold is what may be superseded.
+        first = await allocate(env, "dev-1")
+        await allocate(env, "dev-1")
+        assert first.annotations[f"{DRIVER}/allocation"] not in {
+            h.pod_uid for h in env.ledger.plugin_holds()
+        }
 
     run(sock_dir, body)
 

@@ -90,6 +90,7 @@ METRIC_NAMES = {
     "dradriver_prepared_devices",
     "dradriver_reconcile_seconds",
     "dradriver_controller_claim_stage_seconds",
+    "dradriver_controller_unreadable_claims",
     "dradriver_reconcile_total",
     "dradriver_resourceslice_writes_total",
     "dradriver_unhealthy_devices",

@@ -35,6 +35,10 @@ def test_defaults() -> None:
     assert options.leader_elect
     assert (options.lease_duration, options.renew_deadline, options.retry_period) == (15, 10, 2)
     assert options.lease_name == "dradriver-controller"
+    assert options.allocation_drivers == ()  # only claims of its own driver's classes
+    given = ["--allocation-driver", "*.test.example.com", "--allocation-driver", "x.example.org"]
+    wider = options_from(build_parser().parse_args(given))
+    assert wider.allocation_drivers == ("*.test.example.com", "x.example.org")
 
 
 @pytest.mark.parametrize(
@@ -45,6 +49,8 @@ def test_defaults() -> None:
         (["--allocation-timeout", "0"], "--allocation-timeout must be a positive number"),
         (["--renew-deadline", "20"], "lease_duration must be greater than renew_deadline"),
         (["--retry-period", "9"], "renew_deadline must be greater than retry_period"),
+        (["--allocation-driver", "*"], "--allocation-driver '*': name '*' is not a DNS"),
+        (["--allocation-driver", "Bad_Name"], "--allocation-driver 'Bad_Name'"),
     ],
 )
 def test_bad_options_exit_2_naming_the_flag(

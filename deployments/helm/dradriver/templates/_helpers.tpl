@@ -43,6 +43,22 @@ registration renders (a unit test compares them).
 {{- end -}}
 
 {{/*
+The DeviceClasses whose immediate claims the allocation-finalizer policy marks: the
+chart's own (both names, as above), those of the host profiles with an extended resource
+(deviceclass-host-profiles.yaml) and controller.allocationDeviceClasses.
+*/}}
+{{- define "dradriver.allocationClassNames" -}}
+{{- $d := .Values.driverName }}
+{{- $names := include "dradriver.deviceClassNames" . | fromJsonArray }}
+{{- if .Values.kubeletPlugin.enabled }}
+{{- range ((.Values.kubeletPlugin.config | default dict).sources | default list) }}
+{{- with .host }}{{ if .extendedResourceName }}{{ $names = append $names (printf "%s-%s" $d .name) }}{{ end }}{{ end }}
+{{- end }}
+{{- end }}
+{{- concat $names (.Values.controller.allocationDeviceClasses | default list) | uniq | toJson -}}
+{{- end -}}
+
+{{/*
 Environment of a pod that reaches the apiserver somewhere else than through the
 "kubernetes" Service (a cluster without a Service network, like dradriver's local
 cluster): the in-cluster client reads KUBERNETES_SERVICE_HOST/PORT.

@@ -238,6 +238,7 @@ class Rig:
             scheduler=SchedulerActivity(None, removal_quiet=removal_quiet),
             enqueue=self.enqueued.append,
             namespaces=namespaces,
+            allocation_drivers=[D[0]],
         )
         self.rec = ClaimReconciler(
             context,

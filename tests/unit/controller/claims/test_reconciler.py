@@ -28,8 +28,8 @@ from tests.unit.controller.claims.test_worker import (
     run,
     slices,
 )
+from tests.unit.dradriver.allocator.builders import DRIVER, device, node_slice
 from tests.unit.dradriver.allocator.builders import claim as bare_claim
-from tests.unit.dradriver.allocator.builders import device, node_slice
 from tests.unit.dradriver.allocator.builders import request as bare_request
 from tests.unit.dradriver.runtime.test_leaderelection import eventually
 
@@ -59,7 +59,9 @@ def new_claim(name: str) -> Obj:
 def reconciler(api: FakeAPIServer, worker: AllocationWorker, *claims: Obj) -> ClaimReconciler:
     informer = FakeInformer(*(api.put(claim_path(c["metadata"]["name"]), c) for c in claims))
     return ClaimReconciler(
-        ClaimContext.create(cast(Any, api), "dradriver.dev", cast(Any, informer)),
+        ClaimContext.create(
+            cast(Any, api), "dradriver.dev", cast(Any, informer), allocation_drivers=[DRIVER]
+        ),
         ClaimSources(
             cast(Any, FakeInformer()),
             cast(Any, FakeInformer(*slices())),

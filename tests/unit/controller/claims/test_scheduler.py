@@ -99,6 +99,7 @@ def test_deleted_claims_are_all_deallocated_in_one_wave() -> None:
             "dradriver.dev",
             cast(Any, claims),
             scheduler=SchedulerActivity(None, removal_quiet=QUIET),
+            allocation_drivers=["d"],
         ),
         ClaimSources(*(cast(Any, FakeInformer()) for _ in range(4))),
     )
@@ -123,6 +124,7 @@ def test_a_claim_allocated_just_now_is_not_cleared_in_the_wave() -> None:
             "dradriver.dev",
             cast(Any, claims),
             scheduler=SchedulerActivity(None, removal_quiet=QUIET),
+            allocation_drivers=["d"],
         ),
         ClaimSources(*(cast(Any, FakeInformer()) for _ in range(4))),
     )
@@ -146,6 +148,7 @@ def test_a_claim_with_only_our_finalizer_is_freed_by_its_deletion_in_one_write()
             "dradriver.dev",
             cast(Any, claims),
             scheduler=SchedulerActivity(None, removal_quiet=0),
+            allocation_drivers=["d"],
         ),
         ClaimSources(*(cast(Any, FakeInformer()) for _ in range(4))),
     )

@@ -192,7 +192,12 @@ class Rig:
             *(self.api.put(claim_path(c["metadata"]["name"]), c) for c in claims)
         )
         self.rec = ClaimReconciler(
-            ClaimContext.create(cast(Any, self.api), "dradriver.dev", cast(Any, self.claims)),
+            ClaimContext.create(
+                cast(Any, self.api),
+                "dradriver.dev",
+                cast(Any, self.claims),
+                allocation_drivers=[DRIVER],
+            ),
             ClaimSources(
                 cast(Any, FakeInformer()),
                 cast(Any, FakeInformer(*slices())),

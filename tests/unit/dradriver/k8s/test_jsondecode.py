@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import copy
 import json
+import pickle
 
 import pytest
 
 from dradriver.k8s.jsondecode import (
+    CUT,
     MAX_DEPTH,
     TooDeepObject,
     decode_list,
     decode_watch_event,
     nested_deeper_than,
+    was_cut,
 )
 
 
@@ -42,7 +45,7 @@ def test_nested_deeper_than_is_exact_for_valid_json(text: str, depth: int) -> No
         assert nested_deeper_than(text, depth - 1)
 
 
-def test_a_deep_list_item_becomes_its_identity_and_the_others_are_kept() -> None:
+def test_a_deep_list_item_is_kept_cut_and_the_others_are_kept_whole() -> None:
     deep = {"metadata": {"name": "d", "namespace": "ns", "uid": "u1", "resourceVersion": "7"}}
     deep_text = json.dumps(deep)[:-1] + ',"status":{"data":' + nest(10_000) + "}}"
     good = {"metadata": {"name": "g"}, "data": json.loads(nest(MAX_DEPTH - 3))}
@@ -54,18 +57,58 @@ def test_a_deep_list_item_becomes_its_identity_and_the_others_are_kept() -> None
     kept, stand_in = page["items"]
     assert kept == good and type(kept) is dict
     assert isinstance(stand_in, TooDeepObject)
-    assert stand_in == deep  # identity only: nothing of the deep status
+    # The object, with the containers deeper than the limit cut: its identity and what
+    # sits above the cut stay readable, the deep part is one CUT marker.
+    assert stand_in["metadata"] == deep["metadata"]
+    data = stand_in["status"]["data"]
+    for _ in range(MAX_DEPTH - 4):  # data is at depth 5: the list (1), items (2), ...
+        assert isinstance(data, list) and len(data) == 1
+        data = data[0]
+    assert data is CUT and was_cut(stand_in) and not was_cut(kept)
     assert stand_in.reason == f"nested deeper than {MAX_DEPTH} levels"
-    copy.deepcopy(page)  # whatever comes out can be walked
+    copied = copy.deepcopy(page)  # whatever comes out can be walked, and copies keep CUT
+    assert copied["items"][1] == stand_in and was_cut(copied["items"][1])
+    assert pickle.loads(pickle.dumps(CUT)) is CUT
 
 
-def test_a_deep_watch_object_becomes_its_identity() -> None:
+def test_a_deep_claim_keeps_its_allocation_results_readable() -> None:
+    """The fields that say which devices a claim holds sit about 8 levels down: a claim
+    nested too deep in its status data or managedFields still says them."""
+    results = [{"request": "r", "driver": "d.dev", "pool": "p", "device": "dev-0"}]
+    claim = {
+        "kind": "ResourceClaim",
+        "metadata": {"name": "a", "namespace": "ns", "managedFields": [{"f": "X"}]},
+        "status": {
+            "allocation": {"devices": {"results": results}},
+            "devices": [{"driver": "d.dev", "pool": "p", "device": "dev-0", "data": "Y"}],
+        },
+    }
+    text = json.dumps({"type": "MODIFIED", "object": claim})
+    text = text.replace('"X"', nest(10_000)).replace('"Y"', nest(10_000, '{"k":', "}"))
+    event = decode_watch_event(text)
+    obj = event["object"]
+    assert isinstance(obj, TooDeepObject) and event["type"] == "MODIFIED"
+    assert obj["status"]["allocation"] == {"devices": {"results": results}}
+    assert obj["metadata"]["name"] == "a" and was_cut(obj["metadata"]["managedFields"])
+    assert was_cut(obj["status"]["devices"]) and not was_cut(obj["status"]["allocation"])
+
+
+def test_a_deep_watch_object_is_kept_cut() -> None:
     line = '{"type":"MODIFIED","object":{"kind":"ResourceClaim","metadata":{"name":"c"},"x":'
     event = decode_watch_event(line + nest(MAX_DEPTH + 1) + "}}")
-    assert event == {
-        "type": "MODIFIED",
-        "object": {"kind": "ResourceClaim", "metadata": {"name": "c"}},
+    assert event["type"] == "MODIFIED"
+    obj = event["object"]
+    assert isinstance(obj, TooDeepObject)
+    assert {k: obj[k] for k in ("kind", "metadata")} == {
+        "kind": "ResourceClaim",
+        "metadata": {"name": "c"},
     }
+    assert was_cut(obj["x"])
+
+
+def test_a_deep_object_without_metadata_is_its_identity_only() -> None:
+    event = decode_watch_event('{"type":"ADDED","object":{"kind":"K","x":' + nest(500) + "}}")
+    assert event["object"] == {"kind": "K", "metadata": {}}
     assert isinstance(event["object"], TooDeepObject)
 
 

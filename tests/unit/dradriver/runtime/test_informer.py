@@ -13,6 +13,7 @@ from typing import Any, cast
 import pytest
 
 from dradriver.k8s.errors import KubeAPIError
+from dradriver.k8s.jsondecode import decode_list
 from dradriver.k8s.objects import Obj
 from dradriver.runtime import Backoff, Informer, RuntimeMetrics
 from tests.fakes.httpapiserver import ScriptedHTTPAPIServer
@@ -605,5 +606,126 @@ def test_an_event_is_one_newline_terminated_line_whatever_unicode_breaks_it_hold
         assert rec.events == [("add", "odd", "11"), ("add", "b", "12")]
         assert informer.get("ns/odd") == odd
         assert informer.errors == 0
+
+    run(scenario())
+
+
+# ----- an object too deep to decode is shown apart, never as a silent gap ---------------
+
+
+def deep_claim_json(name: str, rv: int, device: str, depth: int = APISERVER_MAX_DEPTH) -> bytes:
+    """A claim allocated ``device`` whose ``status.devices[].data`` nests ``depth`` levels."""
+    result = {"request": "r", "driver": "d.dev", "pool": "p", "device": device}
+    claim = {
+        "kind": "ResourceClaim",
+        "metadata": {"namespace": "ns", "name": name, "resourceVersion": str(rv)},
+        "status": {"allocation": {"devices": {"results": [result]}}, "devices": ["DATA"]},
+    }
+    return json.dumps(claim).replace('"DATA"', "[" * depth + "]" * depth).encode()
+
+
+class UnreadableRecorder:
+    """Records the unreadable handlers' calls as (what, name, rv, devices readable)."""
+
+    def __init__(self, informer: Informer, last: tuple[str, str, str]) -> None:
+        self.events: list[tuple[str, str, str, list[str]]] = []
+        self.done = asyncio.Event()
+        self._last = last
+        informer.add_unreadable_handler(
+            lambda key, obj: self._record("unreadable", key, obj),
+            lambda key, obj: self._record("cleared", key, obj),
+        )
+
+    def _record(self, what: str, key: str, obj: Obj) -> None:
+        results = obj["status"]["allocation"]["devices"]["results"]
+        rv = obj["metadata"]["resourceVersion"]
+        self.events.append((what, key, rv, [r["device"] for r in results]))
+        if (what, key, rv) == self._last:
+            self.done.set()
+
+
+def test_a_too_deep_object_is_shown_as_unreadable_until_readable_or_deleted() -> None:
+    """Through the real client: the cut version of a too-deep claim, with its allocation
+    readable, goes to the unreadable handlers (list, newer cut versions), never to the
+    normal ones; a readable version or a deletion clears it, and a relist that no longer
+    has it clears it too."""
+
+    async def scenario() -> None:
+        server = ScriptedHTTPAPIServer()
+        await server.start()
+        server.lists = [
+            list_json([deep_claim_json("a", 5, "dev-0"), json.dumps(cm("b", 6)).encode()], 10),
+            list_json([deep_claim_json("c", 20, "dev-2")], 30),
+        ]
+        server.watches = [
+            [
+                event_json("MODIFIED", deep_claim_json("a", 11, "dev-1")),
+                event_json("MODIFIED", json.dumps(cm("a", 12)).encode()),  # readable again
+                event_json("MODIFIED", deep_claim_json("a", 13, "dev-1")),
+                event_json("DELETED", deep_claim_json("a", 14, "dev-1")),
+                event_json("ADDED", deep_claim_json("c", 15, "dev-2")),
+                json.dumps(gone()).encode(),
+            ],
+            [event_json("ADDED", deep_claim_json("d", 31, "dev-3"))],
+        ]
+        client = server.client()
+        informer = informer_for(cast(FakeClient, client))
+        rec = CopyingRecorder(informer, ("delete", "c", "15"))
+        cut = UnreadableRecorder(informer, ("unreadable", "ns/d", "31"))
+        try:
+            informer.start()
+            await asyncio.wait_for(cut.done.wait(), DEADLINE)
+        finally:
+            await informer.stop()
+            await client.aclose()
+            await server.stop()
+        assert cut.events == [
+            ("unreadable", "ns/a", "5", ["dev-0"]),
+            ("unreadable", "ns/a", "11", ["dev-1"]),
+            ("cleared", "ns/a", "11", ["dev-1"]),
+            ("unreadable", "ns/a", "13", ["dev-1"]),
+            ("cleared", "ns/a", "13", ["dev-1"]),  # the deletion of a too-deep object
+            ("unreadable", "ns/c", "15", ["dev-2"]),
+            ("unreadable", "ns/c", "20", ["dev-2"]),  # the relist's newer cut version
+            ("unreadable", "ns/d", "31", ["dev-3"]),
+        ]
+        # The normal handlers and the cache see readable versions only; every one of
+        # them can be deep-copied.
+        assert rec.events == [
+            ("add", "b", "6"),
+            ("add", "a", "12"),
+            ("delete", "a", "12"),  # the deleted object was too deep: the last good one
+            ("delete", "b", "6"),  # gone from the relist
+        ]
+        assert rec.uncopyable == []
+        assert informer.keys() == [] and sorted(informer.unreadable) == ["ns/c", "ns/d"]
+        # A late handler is told what is unreadable now.
+        late: list[str] = []
+        informer.add_unreadable_handler(lambda key, obj: late.append(key))
+        assert sorted(late) == ["ns/c", "ns/d"]
+
+    run(scenario())
+
+
+def test_a_relist_clears_an_unreadable_object_that_is_gone() -> None:
+    async def scenario() -> None:
+        client = FakeClient()
+        client.lists = [
+            decode_list(list_json([deep_claim_json("a", 5, "dev-0")], 10)),
+            page([cm("b", 21)], 30),
+        ]
+        client.streams = [Stream([gone()]), Stream([], hang=True)]
+        informer = informer_for(client)
+        cut = UnreadableRecorder(informer, ("cleared", "ns/a", "5"))
+        informer.start()
+        try:
+            await asyncio.wait_for(cut.done.wait(), DEADLINE)
+        finally:
+            await informer.stop()
+        assert [e[:3] for e in cut.events] == [
+            ("unreadable", "ns/a", "5"),
+            ("cleared", "ns/a", "5"),
+        ]
+        assert dict(informer.unreadable) == {} and informer.keys() == ["ns/b"]
 
     run(scenario())

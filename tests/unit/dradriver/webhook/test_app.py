@@ -919,16 +919,38 @@ def test_controller_webhook_app_has_the_controllers_readiness_and_metrics(
         assert (resp.status_code, resp.text) == (200, "ok: caches synced (no leader election)\n")
 
 
-def test_capacity_request_spelling_out_the_driver_domain_is_denied(client: TestClient) -> None:
-    exactly = {"deviceClassName": DRIVER, "capacity": {"requests": {f"{DRIVER}/memory": "4Gi"}}}
-    message = denied(
-        client, review("ResourceClaim", claim(requests=[{"name": "m", "exactly": exactly}]))
-    )
+def test_capacity_requests_name_capacity_with_or_without_the_driver_domain(
+    client: TestClient,
+) -> None:
+    def claim_asking(*names: str, cls: str = DRIVER) -> Obj:
+        exactly = {"deviceClassName": cls, "capacity": {"requests": {n: "4Gi" for n in names}}}
+        sub = {"name": "s", **exactly}
+        return claim(
+            requests=[{"name": "m", "exactly": exactly}, {"name": "f", "firstAvailable": [sub]}]
+        )
+
+    # Either spelling is one name, as the 1.38 scheduler resolves it.
+    allowed(client, review("ResourceClaim", claim_asking(f"{DRIVER}/memory")))
+    allowed(client, review("ResourceClaim", claim_asking("memory", "other.example.com/memory")))
+    # Both at once: the scheduler refuses the claim, so the webhook says why.
+    message = denied(client, review("ResourceClaim", claim_asking("memory", f"{DRIVER}/memory")))
+    assert message.count("asks for capacity") == 2
     assert (
-        "spec.devices.requests[0].exactly.capacity.requests.dradriver.dev/memory: capacity "
-        "'dradriver.dev/memory' spells out the driver's own domain; write 'memory': the devices "
-        "publish it without the domain and the scheduler matches capacity requests by the exact "
-        "name"
+        "spec.devices.requests[0].exactly.capacity.requests.dradriver.dev/memory: request 'm' "
+        "asks for capacity 'memory' both as 'memory' and as 'dradriver.dev/memory', which name "
+        "the same capacity of dradriver.dev devices: keep one"
     ) in message
-    exactly["capacity"] = {"requests": {"memory": "4Gi"}}
-    allowed(client, review("ResourceClaim", claim(requests=[{"name": "m", "exactly": exactly}])))
+    assert (
+        "spec.devices.requests[1].firstAvailable[0].capacity.requests.dradriver.dev/memory: "
+        "request 'f/s' asks for capacity 'memory' both as"
+    ) in message
+    template_message = denied(
+        client,
+        review("ResourceClaimTemplate", template(claim_asking(f"{DRIVER}/memory", "memory"))),
+    )
+    assert "spec.spec.devices.requests[0].exactly.capacity.requests.dradriver.dev/memory" in (
+        template_message
+    )
+    # Another driver's class is not ours to judge.
+    other = claim_asking("memory", f"{DRIVER}/memory", cls="other.example.com")
+    allowed(client, review("ResourceClaim", other))
