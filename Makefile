@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 
 # The releases the compatibility subset runs on besides the primary one
 # (devtools/cluster/binaries.py: PRIMARY_VERSION, SUPPORTED_VERSIONS).
-COMPAT_VERSIONS ?= v1.34.4 v1.35.4 v1.36.3
+COMPAT_VERSIONS ?= v1.34.4 v1.35.4 v1.36.3 v1.38.0-beta.0
 
 all: install
 

@@ -170,7 +170,7 @@ def with_runtime_opt(p: argparse.ArgumentParser, default_runtime: str) -> argpar
 
 def register(sub: Any) -> None:
     """Add ``cluster`` and ``demo`` to the ``dradriver`` command's subparsers."""
-    cluster = sub.add_parser("cluster", help="the local Kubernetes cluster (1.34 to 1.37)")
+    cluster = sub.add_parser("cluster", help="the local Kubernetes cluster (1.34 to 1.38)")
     csub = cluster.add_subparsers(dest="action", required=True)
     build = with_version_opt(
         csub.add_parser("build", help="build (or find cached) kube binaries; print their dir")

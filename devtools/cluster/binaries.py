@@ -15,6 +15,16 @@ side (``~/.cache/dradriver/kube/<version>-<key>/``).
 A module for a new release is generated, not written by hand:
 ``python -m devtools.cluster.binaries pin v1.38.0`` writes its go.mod from the
 release's own list of staging modules and lets ``go mod tidy`` fill in go.sum.
+
+Two things a release may need that the machine lacks, both recorded in its go.mod so a
+build repeats them:
+
+* a newer Go than the machine's: the release's ``go`` directive names it; ``pin`` then
+  takes :data:`NEWER_TOOLCHAIN` (the approved one, fetched through the Go module proxy
+  like a module) and writes a ``toolchain`` line, and a build sets ``GOTOOLCHAIN`` to
+  that line for this release only (a machine ignores the line on its own);
+* a module the proxy refuses: :data:`STUBS` names a stand-in of ours under
+  ``kubebin/stubs/`` (each says what it leaves out), put in with a ``replace``.
 """
 
 from __future__ import annotations
@@ -42,8 +52,9 @@ log = get_logger("cluster.binaries")
 # cluster runs unless told otherwise.
 PRIMARY_VERSION = "v1.37.2"
 # Every release the local cluster can run; the compatibility subset runs on the
-# others. Oldest first.
-SUPPORTED_VERSIONS = ("v1.34.4", "v1.35.4", "v1.36.3", "v1.37.2")
+# others. Oldest first; a pre-release newer than the primary one (the newest the Go
+# module proxy serves) is a compatibility column until its final release is served.
+SUPPORTED_VERSIONS = ("v1.34.4", "v1.35.4", "v1.36.3", "v1.37.2", "v1.38.0-beta.0")
 VERSION_ENV = "DRADRIVER_KUBE_VERSION"
 COMPONENTS = (
     "etcd",
@@ -56,6 +67,11 @@ COMPONENTS = (
 )
 # The envtest convention: a directory holding kube-apiserver and etcd.
 ENVTEST_COMPONENTS = ("etcd", "kube-apiserver")
+# The approved Go toolchain for releases whose go directive is newer than the machine's Go.
+NEWER_TOOLCHAIN = "go1.27.3"
+# Modules the Go module proxy refuses, and the stand-in of ours (under kubebin/) that a
+# release requiring one is built with.
+STUBS = {"sigs.k8s.io/iptables-wrappers": "stubs/iptables-wrappers"}
 # A release tag as the Go module proxy serves it (pre-releases included).
 _VERSION_RE = re.compile(r"^v1\.(\d+)\.(\d+)(-(alpha|beta|rc)\.\d+)?$")
 
@@ -127,13 +143,49 @@ def _command_files(commands: Path) -> list[tuple[str, Path]]:
     return [(str(p.relative_to(commands.parent)), p) for p in sorted(commands.glob("*/*.go"))]
 
 
+def _stub_files(module: Path) -> list[tuple[str, Path]]:
+    """(name in the build module, file) for the stand-ins the release's go.mod replaces."""
+    return _stub_files_for((module / "go.mod").read_text())
+
+
+def _stub_files_for(text: str) -> list[tuple[str, Path]]:
+    """(name in the build module, file) for the stand-ins go.mod ``text`` replaces."""
+    stubs = module_dir() / "stubs"
+    out: list[tuple[str, Path]] = []
+    for rel in sorted(set(STUBS.values())):
+        if f"=> ./{rel}" in text:
+            root = module_dir() / rel
+            files = sorted(p for p in root.rglob("*") if p.is_file())
+            out += [(str(p.relative_to(stubs.parent)), p) for p in files]
+    return out
+
+
 def _source_files(module: Path, commands: Path) -> list[tuple[str, Path]]:
     """(name in the build module, file) for everything that goes into a build."""
     return [
         ("go.mod", module / "go.mod"),
         ("go.sum", module / "go.sum"),
         *_command_files(commands),
+        *_stub_files(module),
     ]
+
+
+_TOOLCHAIN_RE = re.compile(r"^toolchain (go\S+)$", re.MULTILINE)
+
+
+def toolchain_of(module: Path) -> str | None:
+    """The Go toolchain a release's module names (``toolchain`` line), if any."""
+    found = _TOOLCHAIN_RE.search((module / "go.mod").read_text())
+    return found.group(1) if found else None
+
+
+def go_env(module: Path) -> dict[str, str]:
+    """The environment for ``go`` commands on a release's module: its toolchain, if any."""
+    env = dict(os.environ)
+    toolchain = toolchain_of(module)
+    if toolchain is not None:
+        env["GOTOOLCHAIN"] = toolchain
+    return env
 
 
 def source_key(module: Path, version: str, commands: Path | None = None) -> str:
@@ -231,7 +283,8 @@ def _build(target: Path, version: str) -> None:
                 str(target) + "/",
                 "./cmd/...",
             ]
-            env = dict(os.environ, CGO_ENABLED=os.environ.get("CGO_ENABLED", "1"))
+            env = go_env(version_module(version))
+            env.setdefault("CGO_ENABLED", "1")
             # -v names each package as it is compiled: the progress counts them against
             # the package set go list gives for the same targets and tags.
             total = count_go_packages(go, ["./cmd/..."], Path(src), env, ["-tags", "providerless"])
@@ -270,28 +323,60 @@ def staging_modules(kubernetes_go_mod: str) -> list[str]:
     return sorted(set(_STAGING_RE.findall(kubernetes_go_mod)))
 
 
-def module_text(version: str, kubernetes_go_mod: str) -> str:
+def _go_version(text: str) -> tuple[int, ...]:
+    """``go1.26.8`` or ``1.27.0`` as a comparable tuple."""
+    return tuple(int(x) for x in re.findall(r"\d+", text)[:3])
+
+
+def module_text(version: str, kubernetes_go_mod: str, local_go: str = "") -> str:
     """The go.mod of a release's module, before ``go mod tidy`` completes it.
 
     k8s.io/kubernetes points its staging modules at ./staging; a module that
     depends on it must pin each one to the matching release (v1.X.Y -> v0.X.Y).
+    A release that needs a newer Go than ``local_go`` (``go1.26.8``) gets a
+    ``toolchain`` line naming :data:`NEWER_TOOLCHAIN`; a module of :data:`STUBS`
+    it requires is replaced by our stand-in.
     """
     minor_of(version)  # validates the tag
     staging_version = "v0." + version.removeprefix("v1.")
-    go_line = re.search(r"^go \S+$", kubernetes_go_mod, re.MULTILINE)
+    go_line = re.search(r"^go (\S+)$", kubernetes_go_mod, re.MULTILINE)
     if go_line is None:
         raise BinaryError(f"the go.mod of k8s.io/kubernetes {version} has no go directive")
     replaces = "".join(
         f"\t{m} => {m} {staging_version}\n" for m in staging_modules(kubernetes_go_mod)
     )
-    return (
+    stubs = "".join(
+        f"\t{m} => ./{rel}\n"
+        for m, rel in sorted(STUBS.items())
+        if re.search(rf"^\s*{re.escape(m)}\s", kubernetes_go_mod, re.MULTILINE)
+    )
+    toolchain = ""
+    if local_go and _go_version(go_line.group(1)) > _go_version(local_go):
+        toolchain = f"toolchain {NEWER_TOOLCHAIN}\n\n"
+    text = (
         "module dradriver.dev/kubebin\n\n"
         f"{go_line.group(0)}\n\n"
+        f"{toolchain}"
         f"require k8s.io/kubernetes {version}\n\n"
         "// k8s.io/kubernetes points its staging modules at ./staging; pin each\n"
         "// one to the matching release instead.\n"
         f"replace (\n{replaces})\n"
     )
+    if stubs:
+        text += (
+            "\n// Refused by the Go module proxy: stand-ins of ours (kubebin/stubs/).\n"
+            f"replace (\n{stubs})\n"
+        )
+    return text
+
+
+def _local_go(go: str) -> str:
+    """The machine's own Go version (``go1.26.8``), whatever GOTOOLCHAIN says."""
+    env = dict(os.environ, GOTOOLCHAIN="local")
+    out = subprocess.run(
+        [go, "env", "GOVERSION"], capture_output=True, text=True, check=False, env=env
+    )
+    return out.stdout.strip()
 
 
 def pin(version: str) -> Path:
@@ -300,30 +385,36 @@ def pin(version: str) -> Path:
     if go is None:
         raise BinaryError("the Go toolchain is not on PATH; install Go 1.26 or newer")
     minor_of(version)
+    # The download needs no toolchain of the release's own: GOTOOLCHAIN=local.
     fetched = subprocess.run(
         [go, "mod", "download", "-json", f"k8s.io/kubernetes@{version}"],
         capture_output=True,
         text=True,
         check=False,
+        env=dict(os.environ, GOTOOLCHAIN="local"),
     )
-    if fetched.returncode != 0:
+    match = re.search(r'"GoMod":\s*"([^"]+)"', fetched.stdout)
+    if match is None:
         raise BinaryError(
             f"the Go module proxy has no k8s.io/kubernetes {version}: {fetched.stdout.strip()}"
         )
-    match = re.search(r'"GoMod":\s*"([^"]+)"', fetched.stdout)
-    if match is None:
-        raise BinaryError(f"`go mod download` named no go.mod for k8s.io/kubernetes {version}")
-    text = module_text(version, Path(match.group(1)).read_text())
+    text = module_text(version, Path(match.group(1)).read_text(), _local_go(go))
     with tempfile.TemporaryDirectory(prefix="kubebin-pin-") as tmp:
         work = Path(tmp)
         (work / "go.mod").write_text(text)
-        for name, path in _command_files(module_dir() / "cmd"):
+        files = _command_files(module_dir() / "cmd")
+        files += [(n, p) for n, p in _stub_files_for(text)]
+        for name, path in files:
             (work / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(path, work / name)
+        env = dict(os.environ, GOFLAGS="-mod=mod")
+        toolchain = _TOOLCHAIN_RE.search(text)
+        if toolchain is not None:
+            env["GOTOOLCHAIN"] = toolchain.group(1)
         tidy = subprocess.run(
             [go, "mod", "tidy"],
             cwd=work,
-            env=dict(os.environ, GOFLAGS="-mod=mod"),
+            env=env,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,

@@ -27,7 +27,11 @@ def test_every_supported_release_has_a_module_pinned_to_it() -> None:
         assert len(pins) >= 30, version
         assert all(a == b and v == staging for a, b, v in pins), version
         assert (binaries.version_module(version) / "go.sum").stat().st_size > 0
-    assert binaries.SUPPORTED_VERSIONS[-1] == binaries.PRIMARY_VERSION
+    stable = [v for v in binaries.SUPPORTED_VERSIONS if "-" not in v]
+    assert stable[-1] == binaries.PRIMARY_VERSION
+    assert list(binaries.SUPPORTED_VERSIONS) == sorted(
+        binaries.SUPPORTED_VERSIONS, key=lambda v: (binaries.minor_of(v), v)
+    )
 
 
 def test_kubectl_is_built_with_the_cluster() -> None:
@@ -103,3 +107,36 @@ def test_state_files_from_before_the_matrix_ran_1_36(tmp_path: Path) -> None:
     )
     loaded = ClusterState.load(path)
     assert loaded is not None and loaded.kube_version == "v1.36.3"
+
+
+def test_a_release_needing_a_newer_go_names_the_approved_toolchain() -> None:
+    upstream = "module k8s.io/kubernetes\n\ngo 1.27.0\n"
+    assert "toolchain go1.27.3\n" in binaries.module_text("v1.38.0-beta.0", upstream, "go1.26.8")
+    assert "toolchain" not in binaries.module_text("v1.38.0-beta.0", upstream, "go1.27.3")
+    assert "toolchain" not in binaries.module_text("v1.38.0-beta.0", upstream)
+
+
+def test_a_refused_module_is_replaced_by_our_stand_in_and_built_with_it(tmp_path: Path) -> None:
+    upstream = (
+        "module k8s.io/kubernetes\n\ngo 1.27.0\n\nrequire (\n"
+        "\tsigs.k8s.io/iptables-wrappers v1.0.0\n)\n"
+    )
+    text = binaries.module_text("v1.38.0-beta.0", upstream)
+    assert "replace (\n\tsigs.k8s.io/iptables-wrappers => ./stubs/iptables-wrappers\n)" in text
+    assert "stubs" not in binaries.module_text("v1.38.0-beta.0", "go 1.27.0\n")
+    (tmp_path / "go.mod").write_text(text)
+    (tmp_path / "go.sum").write_text("")
+    names = [name for name, _ in binaries._source_files(tmp_path, tmp_path / "cmd")]
+    assert "stubs/iptables-wrappers/go.mod" in names
+    assert "stubs/iptables-wrappers/pkg/iptables/iptables.go" in names
+    # The stand-in is part of the cache key: changing it rebuilds.
+    assert binaries.source_key(tmp_path, "v1.38.0-beta.0") != binaries.source_key(
+        tmp_path, "v1.38.0-beta.0", tmp_path / "nocmd"
+    )
+
+
+def test_the_pinned_1_38_module_builds_with_its_toolchain() -> None:
+    module = binaries.version_module("v1.38.0-beta.0")
+    assert binaries.toolchain_of(module) == binaries.NEWER_TOOLCHAIN
+    assert binaries.go_env(module)["GOTOOLCHAIN"] == binaries.NEWER_TOOLCHAIN
+    assert binaries.toolchain_of(binaries.version_module("v1.37.2")) is None
