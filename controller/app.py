@@ -25,6 +25,7 @@ from controller.claims.context import ClaimContext, ClaimSettings, ClaimSources
 from controller.claims.reconciler import ClaimReconciler
 from controller.claims.request import claims_using
 from controller.claims.scheduler import SchedulerActivity
+from controller.claims.staleness import DEFAULT_CATCHUP, ObservedClient, SchedulerStaleness
 from controller.claims.worker import AllocationWorker
 from controller.networkpools.pool import pool_of_slice, pools_of_claim
 from controller.networkpools.reconciler import NetworkPoolReconciler
@@ -76,6 +77,8 @@ class Options:
     allocation_namespaces: tuple[str, ...] = ()
     # Wall-clock seconds one claim's search may take (all nodes), in the worker process.
     allocation_timeout: float = 10.0
+    # After a watch gap, no allocation is written until kube-scheduler caught up (seconds).
+    scheduler_catchup: float = DEFAULT_CATCHUP
     # The admission webhook, served over TLS in this process too when an address is given.
     webhook_address: str | None = None
     webhook_cert: Path | None = None
@@ -98,6 +101,11 @@ class ControllerApp:
         self.options = options
         self.client = client
         self.metrics = RuntimeMetrics()
+        # The informers and the Lease report their failures: kube-scheduler may be stale.
+        self.staleness = SchedulerStaleness(options.scheduler_catchup)
+        self.observed = ObservedClient(
+            client, self.staleness, path_for(RESOURCE_V1, "resourceclaims")
+        )
         self._informers()
         self.elector: LeaderElector | None = None
         if options.leader_elect:
@@ -109,7 +117,7 @@ class ControllerApp:
                 retry_period=options.retry_period,
                 identity=options.identity or default_identity(),
             )
-            self.elector = LeaderElector(client, config, self._lead, metrics=self.metrics)
+            self.elector = LeaderElector(self.observed, config, self._lead, metrics=self.metrics)
         self.allocation_worker = AllocationWorker()
         self.serving = ServingThread()
         self.http: HTTPEndpoint | None = None
@@ -128,7 +136,7 @@ class ControllerApp:
 
     def _informer(self, path: str, name: str, field_selector: str | None = None) -> Informer:
         return Informer(
-            self.client,
+            self.observed,
             path,
             name=name,
             field_selector=field_selector,
@@ -186,7 +194,7 @@ class ControllerApp:
             self.client,
             o.driver_name,
             self.claims,
-            scheduler=SchedulerActivity(self.pending_pods),
+            scheduler=SchedulerActivity(self.pending_pods, staleness=self.staleness),
             is_leader=self.is_leader,
             enqueue=controller.enqueue,
             namespaces=o.allocation_namespaces,

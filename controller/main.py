@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from controller.app import ControllerApp, Options
+from controller.claims.staleness import DEFAULT_CATCHUP
 from dradriver import DEFAULT_DRIVER_NAME
 from dradriver.httpserver import parse_address
 from dradriver.k8s.client import KubeClient, load_connection
@@ -166,6 +167,15 @@ def _add_work_flags(parser: argparse.ArgumentParser) -> None:
         "dradriver.dev/allocation-status annotation naming this budget, and is retried "
         "with backoff (default: %(default)s, the scheduler's timeout per node)",
     )
+    parser.add_argument(
+        "--scheduler-catchup",
+        type=float,
+        default=DEFAULT_CATCHUP,
+        help="after a gap in the controller's own list/watch or Lease requests (an apiserver "
+        "outage), seconds kube-scheduler may still allocate from a stale claim cache (its "
+        "reflectors back off up to 60 s): no allocation is written or cleared meanwhile, "
+        "unless the scheduler shows it has caught up; 0 turns this off (default: %(default)s)",
+    )
 
 
 def options_from(args: argparse.Namespace) -> Options:
@@ -195,6 +205,8 @@ def options_from(args: argparse.Namespace) -> Options:
         raise ValueError("--workers and --claim-workers must be at least 1")
     if not args.allocation_timeout > 0:
         raise ValueError("--allocation-timeout must be a positive number of seconds")
+    if not args.scheduler_catchup >= 0:
+        raise ValueError("--scheduler-catchup must be 0 (off) or a number of seconds")
     try:
         LeaderElectionConfig(
             args.lease_namespace,
@@ -221,6 +233,7 @@ def options_from(args: argparse.Namespace) -> Options:
         shutdown_grace=args.shutdown_grace,
         allocation_namespaces=tuple(args.allocation_namespaces),
         allocation_timeout=args.allocation_timeout,
+        scheduler_catchup=args.scheduler_catchup,
         webhook_address=args.webhook_address,
         webhook_cert=None if args.webhook_address is None else Path(args.webhook_cert),
         webhook_key=None if args.webhook_address is None else Path(args.webhook_key),

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import time
 
+from controller.claims.staleness import SchedulerStaleness
 from dradriver.allocator import claim_key
 from dradriver.k8s.objects import Obj, meta
 from dradriver.log import get_logger
@@ -52,8 +53,10 @@ class SchedulerActivity:
         max_defer: float = 10.0,
         removal_quiet: float = 2.0,
         removal_window: float = 30.0,
+        staleness: SchedulerStaleness | None = None,
     ) -> None:
         self.pending_pods = pending_pods
+        self.staleness = staleness  # after a watch gap: no write until the scheduler caught up
         self.quiet_period = quiet_period
         self.max_defer = max_defer
         self.removal_quiet = removal_quiet
@@ -117,6 +120,9 @@ class SchedulerActivity:
         a claim allocated less than ``removal_quiet`` ago waits, since the scheduler may
         not count its devices yet. Returns why not, when not.
         """
+        stale = self.catching_up()
+        if stale:
+            return False, stale
         busy = self.busy()
         if busy:
             self.wave_opened = -float("inf")  # the scheduler is working: the wave is over
@@ -143,8 +149,13 @@ class SchedulerActivity:
         """Raise :class:`RequeueAfter` while the scheduler is busy, for ``max_defer`` at most.
 
         Claim ``key`` is then allocated although the scheduler is still busy, so that a
-        steady stream of pods cannot starve it.
+        steady stream of pods cannot starve it. After a watch gap, nothing is allocated until
+        the scheduler has caught up (:mod:`controller.claims.staleness`), however long.
         """
+        stale = self.catching_up()
+        if stale:
+            assert self.staleness is not None
+            raise RequeueAfter(min(self.staleness.remaining(), 1.0), stale)
         busy = self.busy()
         if busy:
             now = time.monotonic()
@@ -153,6 +164,13 @@ class SchedulerActivity:
                 raise RequeueAfter(0.5, f"scheduler busy with {len(busy)} pod(s): {busy[:3]}")
             log.info("allocating although the scheduler is busy", claim=key, pods=busy[:5])
         self.deferred.pop(key, None)
+
+    def catching_up(self) -> str:
+        """Why the scheduler may not have seen every allocation yet ("" if it has)."""
+        left = self.staleness.remaining() if self.staleness is not None else 0.0
+        if left <= 0:
+            return ""
+        return f"kube-scheduler catching up after a watch gap ({left:.0f}s left at most)"
 
     def deferred_keys(self) -> list[str]:
         """The claims waiting for the scheduler to settle."""
