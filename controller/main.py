@@ -173,7 +173,7 @@ def _add_work_flags(parser: argparse.ArgumentParser) -> None:
         default=DEFAULT_CATCHUP,
         help="after a gap in the controller's own list/watch or Lease requests (an apiserver "
         "outage), seconds kube-scheduler may still allocate from a stale claim cache (its "
-        "reflectors back off up to 60 s): no allocation is written or cleared meanwhile, "
+        "reflectors back off up to 60 s): no allocation is written meanwhile, "
         "unless the scheduler shows it has caught up; 0 turns this off (default: %(default)s)",
     )
 

@@ -120,9 +120,6 @@ class SchedulerActivity:
         a claim allocated less than ``removal_quiet`` ago waits, since the scheduler may
         not count its devices yet. Returns why not, when not.
         """
-        stale = self.catching_up()
-        if stale:
-            return False, stale
         busy = self.busy()
         if busy:
             self.wave_opened = -float("inf")  # the scheduler is working: the wave is over

@@ -3,7 +3,8 @@
 Invariant: for ``catchup`` seconds after the last watch gap this replica saw, and until real
 evidence that kube-scheduler's claim cache is current, :meth:`SchedulerStaleness.remaining`
 is positive, and :class:`~controller.claims.scheduler.SchedulerActivity` then lets no new
-allocation be written and no allocation be cleared.
+allocation be written. Removals go on: one the stale scheduler has not seen leaves it counting
+the device as taken, which collides with nothing.
 
 Why. kube-scheduler counts a device as taken from a set fed by its claim informer. After an
 apiserver outage, its informers come back on client-go's reflector backoff (0.8 s doubling to

@@ -154,19 +154,18 @@ def test_catchup_zero_turns_the_period_off() -> None:
     assert s.remaining() == 0
 
 
-def test_removals_wait_too_while_catching_up() -> None:
+def test_only_allocations_wait_while_catching_up() -> None:
     clocks = Clocks()
     s = staleness(clocks)
     activity = SchedulerActivity(None, staleness=s)
-    assert activity.quiet()[0]
     s.gap("watch", TransportError("refused"))
-    quiet, why = activity.quiet()
-    assert not quiet and "catching up" in why
+    # A removal the stale scheduler has not seen yet leaves it counting the device as
+    # taken: no collision, so clearing (a deletion, a conflict hold's release) goes on.
+    assert activity.quiet()[0]
     with pytest.raises(RequeueAfter) as raised:
         activity.wait_before_allocating("ns/c")
     assert raised.value.delay <= 1.0  # polls: evidence may end the period any time
     clocks.advance(CATCHUP)
-    assert activity.quiet()[0]
     activity.wait_before_allocating("ns/c")  # no pod waits: allocate
 
 
