@@ -35,6 +35,7 @@ def test_defaults() -> None:
     assert options.leader_elect
     assert (options.lease_duration, options.renew_deadline, options.retry_period) == (15, 10, 2)
     assert options.lease_name == "dradriver-controller"
+    assert options.scheduler_catchup == 75  # the reflector's longest wait (60 s) + margin
 
 
 @pytest.mark.parametrize(
@@ -43,6 +44,7 @@ def test_defaults() -> None:
         (["--http-address", "nowhere"], "--http-address"),
         (["--workers", "0"], "--workers"),
         (["--allocation-timeout", "0"], "--allocation-timeout must be a positive number"),
+        (["--scheduler-catchup", "-1"], "--scheduler-catchup must be 0 (off) or a number"),
         (["--renew-deadline", "20"], "lease_duration must be greater than renew_deadline"),
         (["--retry-period", "9"], "renew_deadline must be greater than retry_period"),
     ],
