@@ -84,6 +84,7 @@ class Settings:
     observe_outage: float = 75.0
     scheduler_catchup: float | None = None
     controller_tree: Path | None = None
+    kinds: tuple[str, ...] = ()  # the faults in this order (default: KINDS in a seeded order)
 
 
 @dataclass
@@ -350,12 +351,15 @@ async def run_rounds(
 ) -> Outcome:
     namespace = f"torture-{uuid.uuid4().hex[:6]}"
     api.create_namespace(namespace)
-    api.create(
-        path_for(R, "deviceclasses"),
+    api.apply(
+        path_for(R, "deviceclasses", name=DRIVER),
         {
+            "apiVersion": R,
+            "kind": "DeviceClass",
             "metadata": {"name": DRIVER},
             "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRIVER}"'}}]},
         },
+        "bench-torture",
     )
     api.create(
         path_for(R, "resourceclaimtemplates", namespace),
@@ -392,8 +396,9 @@ async def run_rounds(
             90,
         )
         rng = random.Random(s.seed)
-        kinds = [KINDS[i % len(KINDS)] for i in range(s.rounds)]
-        rng.shuffle(kinds)
+        kinds = list(s.kinds) or [KINDS[i % len(KINDS)] for i in range(s.rounds)]
+        if not s.kinds:
+            rng.shuffle(kinds)
         runner = Run(s, api, cluster, namespace, controllers, rng, claims)
         for r, kind in enumerate(kinds):
             began = time.monotonic()

@@ -17,7 +17,7 @@ import pytest
 from bench import faults
 
 HEADER = ["fault", "runs", "metric", "value", "promised"]
-FAULTS = ("(a) ", "(b) ", "(c) ", "(d) ", "(e) ")
+FAULTS = ("(a) ", "(b) ", "(c) ", "(d) ", "(e) ", "(f) ")
 
 
 def table_rows(out: str) -> list[list[str]]:
@@ -41,7 +41,7 @@ def test_quick_fault_suite_prints_the_table_with_zeros_where_promised(
     for prefix in FAULTS:
         assert any(r[0].startswith(prefix) for r in rows), f"no row for fault {prefix}"
     zero_rows = [r for r in rows if r[4] == "0"]
-    assert len(zero_rows) >= 14  # (a) 5, (b) 2, (c) 4, (d) 3
+    assert len(zero_rows) >= 16  # (a) 5, (b) 2, (c) 4, (d) 3, (f) 2
     assert [r for r in zero_rows if r[3] != "0"] == []
     admitted = [r for r in rows if r[4] == "all"]
     assert len(admitted) == 4  # one per hostile object
