@@ -54,6 +54,7 @@ from devtools.cluster.wait import wait_until
 from devtools.harness.controller import NAMESPACE, ControllerProcess, controller_kubeconfig
 from dradriver.api.wellknown import ALLOCATION_ANNOTATION
 from dradriver.k8s.client import KubeClient, load_connection
+from dradriver.k8s.errors import KubeAPIError
 from dradriver.k8s.objects import Obj
 from dradriver.k8s.paths import RESOURCE_V1, path_for
 from dradriver.runtime import Informer
@@ -207,8 +208,20 @@ class Run:
     counts: Counter[str] = field(default_factory=Counter)
 
     def create(self, resource: str, obj: Obj) -> None:
-        api_version = "v1" if resource == "pods" else R
-        self.api.create(path_for(api_version, resource, self.namespace), obj)
+        """Create ``obj``, retried while an apiserver that just came back refuses it."""
+        path = path_for("v1" if resource == "pods" else R, resource, self.namespace)
+
+        def attempt() -> bool:
+            try:
+                self.api.create(path, obj)
+            except KubeAPIError as e:
+                if e.status != 409:  # 409: an earlier attempt got through
+                    raise
+            return True
+
+        wait_until(
+            f"{resource} {obj['metadata']['name']} created", attempt, 60, ignore=(Exception,)
+        )
 
     async def wave(self, r: int, w: int, immediate: int, template_pods: int, own_pods: int) -> None:
         """Pods first (their claims), immediate claims a little later (see the docstring)."""
