@@ -119,9 +119,8 @@ def create_nodes(api: AdminAPI) -> None:
     room = {"cpu": "1000", "memory": "1000Gi", "pods": "100"}
     for name in NODES:
         api.create("/api/v1/nodes", {"metadata": {"name": name}})
-        node = api.get(path_for("v1", "nodes", name=name))
         stamp = now_micro()[:19] + "Z"
-        node["status"] = {
+        status = {
             "capacity": room,
             "allocatable": room,
             "conditions": [
@@ -135,7 +134,8 @@ def create_nodes(api: AdminAPI) -> None:
                 }
             ],
         }
-        api.replace(path_for("v1", "nodes", name=name) + "/status", node)
+        # A merge patch: the node lifecycle controller writes the Node meanwhile.
+        api.merge_patch(path_for("v1", "nodes", name=name) + "/status", {"status": status})
         api.create(
             path_for("coordination.k8s.io/v1", "leases", "kube-node-lease"),
             {
