@@ -36,6 +36,7 @@ from dradriver.api import networkpool as net
 from dradriver.api import parameters as params
 from dradriver.httpserver import HTTPEndpoint, build_app
 from dradriver.k8s.client import KubeClient
+from dradriver.k8s.objects import Obj, allocation_of
 from dradriver.k8s.paths import RESOURCE_V1, path_for
 from dradriver.log import get_logger
 from dradriver.resourceslice import capabilities
@@ -90,6 +91,12 @@ class Options:
 # the caches catch up within a second of its return: with the runtime's default cap of
 # 30 s they took 21-24 s after a 60 s outage, and no claim was allocated meanwhile.
 RETRY_CAP = 1.0
+
+
+def freed(old: Obj, new: Obj | None, activity: SchedulerActivity) -> None:
+    """Tell ``activity`` when a claim's allocation goes away (cleared, or the claim deleted)."""
+    if allocation_of(old) and (new is None or not allocation_of(new)):
+        activity.device_freed()
 
 
 def retry_backoff() -> Backoff:
@@ -208,6 +215,11 @@ class ControllerApp:
                 allocation_timeout=o.allocation_timeout,
             ),
             worker=self.allocation_worker,
+        )
+        activity = context.scheduler
+        self.claims.add_handler(  # a freed device re-queues the scheduler's unschedulable pods
+            on_update=lambda old, new: freed(old, new, activity),
+            on_delete=lambda obj: freed(obj, None, activity),
         )
         waiting = self.claim_reconciler.waiting_keys
         return (

@@ -338,3 +338,27 @@ def test_after_a_claim_watch_gap_no_allocation_is_written_until_the_scheduler_ca
             await informer.stop()
 
     run(scenario())
+
+
+# --- a freed device re-queues the scheduler's unschedulable pods ------------------------
+
+
+def unschedulable_pod(name: str) -> Obj:
+    return {
+        "metadata": {"name": name, "namespace": "ns", "resourceVersion": "1"},
+        "spec": {"resourceClaims": [{"name": "r", "resourceClaimName": "c"}]},
+        "status": {"conditions": [{"type": "PodScheduled", "status": "False"}]},
+    }
+
+
+def test_no_allocation_while_a_freed_device_may_go_to_an_unschedulable_pod() -> None:
+    # Seen in bench.torture: a pod's claim and an immediate claim got the same device the
+    # moment the pool's devices were freed (the scheduler retried the unschedulable pod).
+    pods = FakeInformer(unschedulable_pod("p"))
+    activity = SchedulerActivity(cast(Any, pods), quiet_period=0.0, retry_window=12.0)
+    activity.wait_before_allocating("ns/c")  # judged unschedulable, nothing freed: go on
+    activity.device_freed()
+    with pytest.raises(RequeueAfter, match="retried: a device was freed"):
+        activity.wait_before_allocating("ns/c")
+    activity.last_free -= 12.0  # the scheduler's pod backoff (10 s at most) has passed
+    activity.wait_before_allocating("ns/c")
