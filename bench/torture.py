@@ -14,7 +14,8 @@ two dradriver-controller replicas, leader-elected. Each round:
 1. wave 1: immediate claims and pods with template claims, about half the pool;
 2. at a seeded random point, one fault (the kinds take turns in a seeded order): the apiserver
    stopped for a seeded ``--outage-min``..``--outage-max`` seconds; kube-scheduler stopped
-   and started again; the leading controller replica killed (``kill -9``) and started again;
+   and started again; the leading controller replica killed (``kill -9``), started again
+   once the standby leads (the Lease expired);
 3. wave 2, once the fault is over: pods first (template claims and claims this bench creates
    for them), immediate claims a few seconds later (one of them used by a pod), so demand
    exceeds what is left of the pool and both allocators want the same devices;
@@ -272,7 +273,13 @@ class Run:
                 self.counts["leader (no leader to kill)"] += 1
             else:
                 victim.kill()  # kill -9: the Lease is not released
-                victim.start()  # as its Deployment would
+                # A restarted process has a new identity (hostname_random): the standby
+                # takes over once the Lease expires; the victim comes back as the standby.
+                gone = victim.name
+                await asyncio.to_thread(
+                    wait_until, "the standby leading", lambda: self.leader() not in ("", gone), 90
+                )
+                victim.start()
         return time.monotonic() - began
 
     async def round(self, r: int, kind: str) -> RoundResult:
