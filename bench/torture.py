@@ -62,7 +62,7 @@ from dradriver.runtime import Informer
 from dradriver.runtime.ratelimit import Backoff
 
 SMOKE_ARGS = (
-    *("--rounds", "3", "--outage-min", "3", "--outage-max", "4"),
+    *("--rounds", "4", "--outage-min", "3", "--outage-max", "4"),  # every kind of fault
     *("--observe", "4", "--observe-outage", "6"),
 )
 CLUSTER = "own"
