@@ -21,6 +21,9 @@ Rows, printed as one table (fault, runs, metric, value, promised); nothing is as
     how many devices the other API then hands out a second time.
 (d) the apiserver stopped for ``--outage`` seconds while the controller allocates immediate
     claims: claims never allocated after it returns, devices allocated to two claims.
+(f0) the apiserver stopped for ``--outage`` seconds while pods' claims and immediate claims
+    compete for a small pool (:mod:`bench.fault_outage_race`, one :mod:`bench.torture` round):
+    devices in two allocations in the API, devices prepared for two claims.
 (e) one hostile object of each kind (an RE2-backtracking regex and a CEL cost bomb in claim
     selectors, a cost bomb in DeviceClaimParameters, an unsatisfiable ``distinctAttribute``
     count): the worst review latency of the controller-served webhook while each is being
@@ -73,6 +76,7 @@ from bench.common import (
     table,
 )
 from bench.controller_allocation import isolated_layout
+from bench.fault_outage_race import FAULT, outage_race
 from bench.fault_scope import other_driver_claims
 from bench.fault_unreadable import too_deep_claim
 from bench.fault_webhook import controller_rows as webhook_rows
@@ -979,6 +983,9 @@ def run(s: Settings, work: Path) -> list[Row]:
                 rows += too_deep_claim(api, namespace, controller)
         finally:
             controller.stop()
+        with phase("(f0) apiserver outage, pods and immediate claims competing"):
+            race = outage_race(cluster, api, kubeconfig, work, s.outage)
+            rows += [Row(FAULT.format(s.outage), 1, *r) for r in race]
     return rows
 
 

@@ -26,6 +26,7 @@ from controller.claims.context import ClaimContext, ClaimSettings, ClaimSources
 from controller.claims.reconciler import ClaimReconciler
 from controller.claims.request import claims_using
 from controller.claims.scheduler import SchedulerActivity
+from controller.claims.staleness import DEFAULT_CATCHUP, ObservedClient, SchedulerStaleness
 from controller.claims.worker import AllocationWorker
 from controller.networkpools.pool import pool_of_slice, pools_of_claim
 from controller.networkpools.reconciler import NetworkPoolReconciler
@@ -36,6 +37,7 @@ from dradriver.api import networkpool as net
 from dradriver.api import parameters as params
 from dradriver.httpserver import HTTPEndpoint, build_app
 from dradriver.k8s.client import KubeClient
+from dradriver.k8s.objects import Obj, allocation_of
 from dradriver.k8s.paths import RESOURCE_V1, path_for
 from dradriver.log import get_logger
 from dradriver.resourceslice import capabilities
@@ -85,6 +87,8 @@ class Options:
     # Worker processes: 1, or 2 (fresh batches and slow claims side by side); 0: 2 where
     # the machine has two cores or more.
     allocation_workers: int = 0
+    # After a watch gap, no allocation is written until kube-scheduler caught up (seconds).
+    scheduler_catchup: float = DEFAULT_CATCHUP
     # The admission webhook, served over TLS in this process too when an address is given.
     webhook_address: str | None = None
     webhook_cert: Path | None = None
@@ -109,6 +113,12 @@ def allocation_workers(asked: int) -> int:
     return asked if asked > 0 else (2 if (os.cpu_count() or 1) >= 2 else 1)
 
 
+def freed(old: Obj, new: Obj | None, activity: SchedulerActivity) -> None:
+    """Tell ``activity`` when a claim's allocation goes away (cleared, or the claim deleted)."""
+    if allocation_of(old) and (new is None or not allocation_of(new)):
+        activity.device_freed()
+
+
 def retry_backoff() -> Backoff:
     return Backoff(base=0.2, cap=RETRY_CAP)
 
@@ -118,6 +128,11 @@ class ControllerApp:
         self.options = options
         self.client = client
         self.metrics = RuntimeMetrics()
+        # The informers and the Lease report their failures: kube-scheduler may be stale.
+        self.staleness = SchedulerStaleness(options.scheduler_catchup)
+        self.observed = ObservedClient(
+            client, self.staleness, path_for(RESOURCE_V1, "resourceclaims")
+        )
         self._informers()
         self.elector: LeaderElector | None = None
         if options.leader_elect:
@@ -129,7 +144,7 @@ class ControllerApp:
                 retry_period=options.retry_period,
                 identity=options.identity or default_identity(),
             )
-            self.elector = LeaderElector(client, config, self._lead, metrics=self.metrics)
+            self.elector = LeaderElector(self.observed, config, self._lead, metrics=self.metrics)
         # The second runs the slow lane, at a lower CPU priority than everything else here.
         self.allocation_workers = [
             AllocationWorker(nice=SLOW_LANE_NICE if n else 0)
@@ -152,7 +167,7 @@ class ControllerApp:
 
     def _informer(self, path: str, name: str, field_selector: str | None = None) -> Informer:
         return Informer(
-            self.client,
+            self.observed,
             path,
             name=name,
             field_selector=field_selector,
@@ -210,7 +225,7 @@ class ControllerApp:
             self.client,
             o.driver_name,
             self.claims,
-            scheduler=SchedulerActivity(self.pending_pods),
+            scheduler=SchedulerActivity(self.pending_pods, staleness=self.staleness),
             is_leader=self.is_leader,
             enqueue=controller.enqueue,
             namespaces=o.allocation_namespaces,
@@ -227,6 +242,11 @@ class ControllerApp:
             ),
             worker=self.allocation_workers[0],
             slow_worker=self.allocation_workers[1] if len(self.allocation_workers) > 1 else None,
+        )
+        activity = context.scheduler
+        self.claims.add_handler(  # a freed device re-queues the scheduler's unschedulable pods
+            on_update=lambda old, new: freed(old, new, activity),
+            on_delete=lambda obj: freed(obj, None, activity),
         )
         waiting = self.claim_reconciler.waiting_keys
         return (

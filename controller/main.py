@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from controller.app import ControllerApp, Options
+from controller.claims.staleness import DEFAULT_CATCHUP
 from dradriver import DEFAULT_DRIVER_NAME
 from dradriver.httpserver import parse_address
 from dradriver.k8s import names
@@ -195,6 +196,15 @@ def _add_work_flags(parser: argparse.ArgumentParser) -> None:
         "wait), 2 (fresh batches and slow searches side by side), 0: 2 where the machine "
         "has two cores or more (default: %(default)s)",
     )
+    parser.add_argument(
+        "--scheduler-catchup",
+        type=float,
+        default=DEFAULT_CATCHUP,
+        help="after a gap in the controller's own list/watch or Lease requests (an apiserver "
+        "outage), seconds kube-scheduler may still allocate from a stale claim cache (its "
+        "reflectors back off up to 60 s): no allocation is written meanwhile, "
+        "unless the scheduler shows it has caught up; 0 turns this off (default: %(default)s)",
+    )
 
 
 def options_from(args: argparse.Namespace) -> Options:
@@ -232,6 +242,8 @@ def options_from(args: argparse.Namespace) -> Options:
         raise ValueError("--allocation-timeout must be a positive number of seconds")
     if not args.allocation_turn > 0:
         raise ValueError("--allocation-turn must be a positive number of seconds")
+    if not args.scheduler_catchup >= 0:
+        raise ValueError("--scheduler-catchup must be 0 (off) or a number of seconds")
     try:
         LeaderElectionConfig(
             args.lease_namespace,
@@ -261,6 +273,7 @@ def options_from(args: argparse.Namespace) -> Options:
         allocation_timeout=args.allocation_timeout,
         allocation_turn=args.allocation_turn,
         allocation_workers=args.allocation_workers,
+        scheduler_catchup=args.scheduler_catchup,
         webhook_address=args.webhook_address,
         webhook_cert=None if args.webhook_address is None else Path(args.webhook_cert),
         webhook_key=None if args.webhook_address is None else Path(args.webhook_key),

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import time
 
+from controller.claims.staleness import SchedulerStaleness
 from dradriver.allocator import claim_key
 from dradriver.k8s.objects import Obj, meta
 from dradriver.log import get_logger
@@ -52,12 +53,17 @@ class SchedulerActivity:
         max_defer: float = 10.0,
         removal_quiet: float = 2.0,
         removal_window: float = 30.0,
+        retry_window: float = 12.0,
+        staleness: SchedulerStaleness | None = None,
     ) -> None:
         self.pending_pods = pending_pods
+        self.staleness = staleness  # after a watch gap: no write until the scheduler caught up
         self.quiet_period = quiet_period
         self.max_defer = max_defer
         self.removal_quiet = removal_quiet
         self.removal_window = removal_window
+        self.retry_window = retry_window
+        self.last_free = -float("inf")  # when any claim (anyone's) last let go of devices
         self.wave_opened = -float("inf")  # when the current wave of removals opened
         self.deferred: dict[str, float] = {}  # key -> when we first waited for the scheduler
         self.last_pod_activity = -float("inf")  # when a pod with claims last changed
@@ -77,6 +83,11 @@ class SchedulerActivity:
         """A claim let go of devices just now (cleared, or deleted while allocated)."""
         self.last_removal = time.monotonic()
 
+    def device_freed(self) -> None:
+        """Any claim let go of devices just now (cleared or deleted, whoever did it): the
+        scheduler retries its unschedulable pods with claims, within its pod backoff."""
+        self.last_free = time.monotonic()
+
     def busy(self) -> list[str]:
         """Pods the scheduler may be allocating for right now (in memory, not yet written).
 
@@ -85,12 +96,17 @@ class SchedulerActivity:
         one later makes the scheduler forget the device although the other still holds
         it. So no allocation is written while a pod with claims waits for its first
         scheduling verdict, nor within ``quiet_period`` seconds of such a pod changing
-        (the scheduler may see it before we do); bounded by ``max_defer``.
+        (the scheduler may see it before we do), nor, while a pod with claims it judged
+        unschedulable waits, within ``retry_window`` seconds of any device being freed: the
+        freeing re-queues that pod, retried within the scheduler's pod backoff (10 s at
+        most), and it may take the freed device in memory; bounded by ``max_defer``.
         """
         if self.pending_pods is None:
             return []
         busy = []
-        if time.monotonic() - self.last_pod_activity < self.quiet_period:
+        now = time.monotonic()
+        retrying = now - self.last_free < self.retry_window
+        if now - self.last_pod_activity < self.quiet_period:
             busy.append("(pods with claims changed just now)")
         for pod in self.pending_pods.items():
             spec = pod.get("spec") or {}
@@ -102,7 +118,9 @@ class SchedulerActivity:
             if any(
                 c.get("type") == "PodScheduled" and c.get("status") == "False" for c in conditions
             ):
-                continue  # judged unschedulable: retried on claim events, which we are
+                if retrying:
+                    busy.append(f"{claim_key(pod)} (unschedulable, retried: a device was freed)")
+                continue  # judged unschedulable: retried on claim events
             busy.append(claim_key(pod))
         return busy
 
@@ -143,8 +161,13 @@ class SchedulerActivity:
         """Raise :class:`RequeueAfter` while the scheduler is busy, for ``max_defer`` at most.
 
         Claim ``key`` is then allocated although the scheduler is still busy, so that a
-        steady stream of pods cannot starve it.
+        steady stream of pods cannot starve it. After a watch gap, nothing is allocated until
+        the scheduler has caught up (:mod:`controller.claims.staleness`), however long.
         """
+        stale = self.catching_up()
+        if stale:
+            assert self.staleness is not None
+            raise RequeueAfter(min(self.staleness.remaining(), 1.0), stale)
         busy = self.busy()
         if busy:
             now = time.monotonic()
@@ -153,6 +176,13 @@ class SchedulerActivity:
                 raise RequeueAfter(0.5, f"scheduler busy with {len(busy)} pod(s): {busy[:3]}")
             log.info("allocating although the scheduler is busy", claim=key, pods=busy[:5])
         self.deferred.pop(key, None)
+
+    def catching_up(self) -> str:
+        """Why the scheduler may not have seen every allocation yet ("" if it has)."""
+        left = self.staleness.remaining() if self.staleness is not None else 0.0
+        if left <= 0:
+            return ""
+        return f"kube-scheduler catching up after a watch gap ({left:.0f}s left at most)"
 
     def deferred_keys(self) -> list[str]:
         """The claims waiting for the scheduler to settle."""

@@ -56,6 +56,7 @@ def test_defaults() -> None:
     given = ["--allocation-driver", "*.test.example.com", "--allocation-driver", "x.example.org"]
     wider = options_from(build_parser().parse_args(given))
     assert wider.allocation_drivers == ("*.test.example.com", "x.example.org")
+    assert options.scheduler_catchup == 75  # the reflector's longest wait (60 s) + margin
 
 
 @pytest.mark.parametrize(
@@ -65,6 +66,7 @@ def test_defaults() -> None:
         (["--workers", "0"], "--workers"),
         (["--allocation-timeout", "0"], "--allocation-timeout must be a positive number"),
         (["--allocation-turn", "-1"], "--allocation-turn must be a positive number"),
+        (["--scheduler-catchup", "-1"], "--scheduler-catchup must be 0 (off) or a number"),
         (["--renew-deadline", "20"], "lease_duration must be greater than renew_deadline"),
         (["--retry-period", "9"], "renew_deadline must be greater than retry_period"),
         (["--allocation-driver", "*"], "--allocation-driver '*': name '*' is not a DNS"),
