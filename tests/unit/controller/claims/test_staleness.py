@@ -34,6 +34,7 @@ from tests.fakes.apiserver import FakeAPIServer
 from tests.fakes.informer import FakeInformer
 from tests.unit.controller.claims.test_reconciler import new_claim
 from tests.unit.controller.claims.test_worker import GPU, NODES, claim_path, run, slices
+from tests.unit.dradriver.allocator.builders import DRIVER
 from tests.unit.dradriver.runtime.test_leaderelection import eventually
 
 CLAIMS = path_for(RESOURCE_V1, "resourceclaims")
@@ -315,6 +316,7 @@ def test_after_a_claim_watch_gap_no_allocation_is_written_until_the_scheduler_ca
                     "dradriver.dev",
                     cast(Any, claims),
                     scheduler=SchedulerActivity(None, staleness=s),
+                    allocation_drivers=[DRIVER],
                 ),
                 ClaimSources(
                     cast(Any, FakeInformer()),
