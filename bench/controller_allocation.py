@@ -79,7 +79,7 @@ CONCURRENCY = 32
 NODE = "bench-ca-node"
 LEASE_RENEW = 5.0
 PAUSE_IMAGE = "registry.k8s.io/pause:3.10"
-SMOKE_ARGS = ("--claims", "12", "--devices", "64", "--outage", "2")
+SMOKE_ARGS = ("--claims", "12", "--devices", "64", "--outage", "2", "--scheduler-catchup", "5")
 CLUSTER = "own"  # bench/__init__.py: starts an isolated cluster of its own (free ports)
 
 
@@ -500,6 +500,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--scheduler-burst", type=int, default=2000, help="kube-scheduler burst")
     parser.add_argument("--outage", type=float, default=60.0, help="apiserver outage, seconds")
     parser.add_argument(
+        "--scheduler-catchup",
+        type=float,
+        help="the controller's --scheduler-catchup (default: its own, 75 s): no allocation "
+        "is written that long after the outage unless kube-scheduler shows it caught up",
+    )
+    parser.add_argument(
         "--finalizer-policy",
         action=argparse.BooleanOptionalAction,
         default=True,
@@ -551,6 +557,11 @@ def main(argv: Sequence[str] | None = None) -> None:
                     f"--allocation-namespace={namespace}",
                     f"--claim-workers={args.workers}",
                     "--log-level=warning",
+                    *(
+                        [f"--scheduler-catchup={args.scheduler_catchup:g}"]
+                        if args.scheduler_catchup is not None
+                        else []
+                    ),
                 ],
             )
             policy = contextlib.ExitStack()
