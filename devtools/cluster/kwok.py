@@ -27,9 +27,11 @@ Invariants:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import os
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -324,3 +326,22 @@ def remove_nodes(api: AdminAPI, timeout: float = 300) -> int:
     )
     log.info("removed simulated nodes", nodes=len(names))
     return len(names)
+
+
+@contextlib.contextmanager
+def simulated(
+    api: AdminAPI, kubeconfig: str, count: int, driver: str, workdir: Path
+) -> Iterator[list[str]]:
+    """``count`` simulated nodes on a running cluster, kwok and their pools' publisher for
+    the block (the tests' fixture); on exit both stop and the nodes are removed."""
+    remove_nodes(api)  # an interrupted run's
+    names = create_nodes(kubeconfig, count)
+    processes: list[ManagedProcess] = []
+    try:
+        processes = start(kubeconfig, count, driver, workdir, workdir / "logs")
+        wait_ready(api, count, processes, 60 + count / 20)
+        yield names
+    finally:
+        for process in reversed(processes):
+            process.stop()
+        remove_nodes(api)
