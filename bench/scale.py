@@ -163,9 +163,12 @@ def run_size(n: int, args: argparse.Namespace) -> Size:
                     print(f"  C={c}: skipped, more claims than {n * DEVICES_PER_NODE} devices")
                     continue
                 print(f"  C={c}: controller", flush=True)
+                profile = None
+                if args.profile and n == args.nodes[-1] and c == max(args.claims):
+                    profile = work / "controller-profile.txt"
                 with policy(api, namespace):
                     size.controller[c] = controller_phase(
-                        api, make, kubeconfig, namespace, cls, driver, c, args.deadline
+                        api, make, kubeconfig, namespace, cls, driver, c, args.deadline, profile
                     )
                 print(f"  C={c}: kube-scheduler", flush=True)
                 size.scheduler[c] = scheduler_phase(
@@ -204,6 +207,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--scheduler-qps", type=int, default=1000)
     parser.add_argument("--scheduler-burst", type=int, default=2000)
     parser.add_argument("--network-devices", type=int, default=64)
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="sample the controller with py-spy ($PY_SPY or on PATH) while it allocates "
+        "at the largest N and C",
+    )
     args = parser.parse_args(argv)
     sizes = []
     for n in args.nodes:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 
+from bench import scale_profile
 from bench.controller_allocation import (
     CONCURRENCY,
     Result,
@@ -87,6 +88,7 @@ class ControllerRun:
     restart_ready_seconds: float  # process start -> /readyz
     restart_rss: float  # after that first allocation
     listed: dict[str, int] = field(default_factory=dict)  # what the new process had to list
+    profile: list[tuple[str, int, int]] = field(default_factory=list)  # scale_profile.stop
 
 
 def controller_phase(
@@ -98,8 +100,11 @@ def controller_phase(
     driver: str,
     count: int,
     deadline: float,
+    profile_to: Path | None = None,
 ) -> ControllerRun:
-    """``count`` immediate claims; then a restart with them cached; then all deleted."""
+    """``count`` immediate claims; then a restart with them cached; then all deleted.
+
+    With ``profile_to``, py-spy samples the controller while it allocates."""
     proc = make("a")
     proc.start()
     try:
@@ -112,7 +117,11 @@ def controller_phase(
             body = claim(namespace, claim_name(i), cls, driver, model(i))
             await client.create(path_for(R, "resourceclaims", namespace), body)
 
-        sent, seen = asyncio.run(measure(kubeconfig, namespace, count, deadline, create))
+        recording = scale_profile.start(pid, profile_to) if profile_to else None
+        try:
+            sent, seen = asyncio.run(measure(kubeconfig, namespace, count, deadline, create))
+        finally:
+            profile = scale_profile.stop(recording)
         result = Result(
             "dradriver-controller (claims)",
             "claims",
@@ -157,7 +166,7 @@ def controller_phase(
         delete_claims(api, namespace)  # the controller releases its finalizers
     finally:
         proc.stop()
-    return ControllerRun(result, stages, first, ready, restart_rss, listed)
+    return ControllerRun(result, stages, first, ready, restart_rss, listed, profile)
 
 
 # --- kube-scheduler ---------------------------------------------------------------------------

@@ -219,6 +219,17 @@ def growth_table(
     return table(["figure", "by N", "exponent b (~N^b)"], rows)
 
 
+def profile_table(sizes: Sequence[Size]) -> str | None:
+    for s in reversed(sizes):
+        for c, run in sorted(s.controller.items(), reverse=True):
+            if run.profile:
+                total = max(n for _, n, _ in run.profile)
+                rows = [[f, f"{own}", f"{n}"] for f, n, own in run.profile]
+                head = f"N={s.nodes}, C={c}; samples on the busiest stack: {total}"
+                return head + "\n\n" + table(["function (file)", "self", "inclusive"], rows)
+    return None
+
+
 def print_report(sizes: Sequence[Size], claims: Sequence[int]) -> None:
     print("\nSimulated nodes (kwok) and their pools (8 devices each, one publisher per node):\n")
     print(nodes_table(sizes))
@@ -230,6 +241,10 @@ def print_report(sizes: Sequence[Size], claims: Sequence[int]) -> None:
     print(stage_table(sizes, claims))
     print("\nA NetworkDevicePool whose node selector matches every simulated node:\n")
     print(network_table(sizes))
+    profile = profile_table(sizes)
+    if profile is not None:
+        print("\nController profile while allocating (py-spy, controller and its worker):\n")
+        print(profile)
     print("\nGrowth against N:\n")
     print(growth_table(sizes, claims, exponent))
     print(

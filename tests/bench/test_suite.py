@@ -16,7 +16,7 @@ from bench.suite import BEGIN, END, Bench, Run, discover, has_table, run, sectio
 
 def test_every_benchmark_module_is_found_with_its_smoke_arguments() -> None:
     found = {b.name: b for b in discover()}
-    helpers = {"common", "suite", "faultproxy", "scale_phases", "scale_report"}
+    helpers = {"common", "suite", "faultproxy", "scale_phases", "scale_profile", "scale_report"}
     modules = {m.name for m in pkgutil.iter_modules(bench.__path__) if not m.name.startswith("_")}
     assert set(found) == modules - helpers  # a module with main() but no SMOKE_ARGS raises
     assert found["controller_allocation"].cluster == "own"
