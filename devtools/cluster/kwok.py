@@ -220,6 +220,7 @@ def kwok_argv(kubeconfig: str, count: int, workdir: Path) -> list[str]:
         f"--manage-nodes-with-label-selector={SELECTOR}",
         f"--node-lease-duration-seconds={heartbeat(count).lease_seconds}",
         "--server-address=",
+        "--node-port=0",  # no kubelet-like server (two clusters would share its port)
         "-v=WARN",
     ]
 

@@ -22,7 +22,6 @@ from devtools.cluster import kwok
 from devtools.cluster.api import AdminAPI
 from devtools.cluster.kwokpools import DEFAULT_DRIVER, DEVICES_PER_NODE
 from devtools.cluster.local import LocalCluster
-from devtools.cluster.process import ManagedProcess
 from devtools.cluster.wait import wait_until
 from devtools.harness.controller import namespaced_controller
 from dradriver.api.wellknown import ALLOCATION_ANNOTATION
@@ -184,7 +183,7 @@ def test_cluster_down_stops_kwok_and_removes_the_simulated_nodes() -> None:
         ]
         assert len(ours) == 2 and all(c.alive() for c in ours)
         cluster.down()
-        assert not any(ManagedProcess.adopt(c).record.alive() for c in ours)
+        assert not any(c.alive() for c in ours)
         assert cluster.state() is None  # the cluster's etcd, and the Nodes in it, are gone
     finally:
         cluster.down()
