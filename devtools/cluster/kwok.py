@@ -180,6 +180,11 @@ def config(count: int) -> list[Obj]:
             "cidr": "10.128.0.1/9",
             "nodeIP": "10.127.0.1",
             "enableDebuggingHandlers": False,
+            # kwok's documented defaults, which its binary does not fill in itself
+            "nodeLeaseParallelism": 4,
+            "nodePlayStageParallelism": 4,
+            "podPlayStageParallelism": 4,
+            "podsOnNodeSyncParallelism": 1,
         },
     }
     not_deleted = {"key": ".metadata.deletionTimestamp", "operator": "DoesNotExist"}
