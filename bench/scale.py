@@ -164,7 +164,8 @@ def run_size(n: int, args: argparse.Namespace) -> Size:
                     continue
                 print(f"  C={c}: controller", flush=True)
                 profile = None
-                if args.profile and n == args.nodes[-1] and c == max(args.claims):
+                fitting = [x for x in args.claims if x <= n * DEVICES_PER_NODE]
+                if args.profile and n == args.nodes[-1] and c == max(fitting):
                     profile = work / "controller-profile.txt"
                 with policy(api, namespace):
                     size.controller[c] = controller_phase(

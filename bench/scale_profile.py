@@ -70,7 +70,8 @@ def summarise(collapsed: str, top: int = 20) -> list[tuple[str, int, int]]:
         stack, _, count = line.rpartition(" ")
         if not stack or not count.isdigit():
             continue
-        frames = [_frame(f) for f in stack.split(";")[1:]]  # the first is the process
+        # The first frames name the process (and its parents, with --subprocesses).
+        frames = [_frame(f) for f in stack.split(";") if not f.startswith("process ")]
         for frame in set(frames):
             inclusive[frame] += int(count)
         if frames:
