@@ -253,5 +253,7 @@ def print_report(sizes: Sequence[Size], claims: Sequence[int]) -> None:
         "election on, no client-side limiter.\nkube-scheduler: restarted with the given "
         "--kube-api-qps/--kube-api-burst; pods tolerate the simulated nodes' taint; time = "
         "pod create sent -> its claim's allocation seen.\nPer-claim time = 1 / claims/s "
-        "(flat in N is exponent ~0); RSS = the allocating process."
+        "(flat in N is exponent ~0); RSS = the allocating process.\nNetwork pool after a "
+        "restart: where DRADeviceBindingConditions is off (1.34), the apiserver drops the "
+        "devices' binding fields and a new controller rewrites each slice once."
     )
