@@ -34,6 +34,7 @@ from devtools.cluster.wait import wait_until
 from devtools.harness.controller import ControllerProcess
 from dradriver.api import networkpool as net
 from dradriver.k8s.client import KubeClient, load_connection
+from dradriver.k8s.http import TransportError
 from dradriver.k8s.objects import Obj
 from dradriver.k8s.paths import RESOURCE_V1, path_for
 from dradriver.runtime import Informer
@@ -138,8 +139,13 @@ def controller_phase(
     # Restart at scale: a new process with every slice and claim to list; the first
     # allocation is that of a claim created while no controller ran.
     probe = "restart-probe"
-    api.create(
-        path_for(R, "resourceclaims", namespace), claim(namespace, probe, cls, driver, model(0))
+    wait_until(  # the admin connection sat idle through the phase (see scheduler_phase)
+        "restart probe claim created",
+        lambda: api.create(
+            path_for(R, "resourceclaims", namespace), claim(namespace, probe, cls, driver, model(0))
+        ),
+        60,
+        ignore=(TransportError,),
     )
     listed = {
         "resourceslices": len(api.items(path_for(R, "resourceslices"))),
@@ -254,7 +260,15 @@ def scheduler_phase(
         rss_mib(sched_pid),
         tree_rss_mib(sched_pid),
     )
-    api.request("DELETE", path_for("v1", "pods", namespace), params={"gracePeriodSeconds": 0})
+    # The admin connection sat idle through the phase: the server may have closed it.
+    wait_until(
+        "pods deletecollection sent",
+        lambda: api.request(
+            "DELETE", path_for("v1", "pods", namespace), params={"gracePeriodSeconds": 0}
+        ),
+        60,
+        ignore=(TransportError,),
+    )
     for what, group, plural in (("pods", "v1", "pods"), ("claims", R, "resourceclaims")):
         collection = path_for(group, plural, namespace)
         wait_until(
