@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: all install protos kube-binaries kube-binaries-all runtime-binaries helm manifests image lint typecheck test test-unit test-grpc test-chart test-cluster test-compat matrix bench demo clean
+.PHONY: all install protos kube-binaries kube-binaries-all runtime-binaries helm kwok manifests image lint typecheck test test-unit test-grpc test-chart test-cluster test-compat matrix bench demo clean
 
 # The releases the compatibility subset runs on besides the primary one
 # (devtools/cluster/binaries.py: PRIMARY_VERSION, SUPPORTED_VERSIONS).
@@ -41,6 +41,11 @@ runtime-binaries: install
 helm: install
 	$(BIN)/python -m devtools.cluster.helmbin
 
+# kwok v0.8.0 from the Go module proxy (kwokbin/), cached in ~/.cache/dradriver/kwok/; prints
+# its path. The simulated nodes of `dradriver cluster up --kwok-nodes` and bench.scale.
+kwok: install
+	$(BIN)/python -m devtools.cluster.kwokbin
+
 # Re-render manifests/ from the Helm chart (tests/chart fails while they differ).
 manifests: helm
 	$(BIN)/python -m devtools.manifests --write
@@ -67,7 +72,7 @@ typecheck: install
 # image is built first, with its progress on the terminal, for
 # tests/cluster/test_image.py and test_helm_chart.py (a cache hit when the wheel's
 # sources are unchanged); helm for tests/chart and test_helm_chart.py.
-test: lint typecheck kube-binaries-all runtime-binaries image helm
+test: lint typecheck kube-binaries-all runtime-binaries image helm kwok
 	$(BIN)/pytest tests
 	$(MAKE) test-compat
 
@@ -93,12 +98,12 @@ test-grpc: install
 test-chart: helm
 	$(BIN)/pytest tests/chart
 
-test-cluster: kube-binaries runtime-binaries image helm
+test-cluster: kube-binaries runtime-binaries image helm kwok
 	$(BIN)/pytest tests/cluster
 
 # Every benchmark at full size; rewrites the README's performance section (machine, date,
 # versions). Needs the machine to itself (bench/__init__.py, README "Benchmarks").
-bench: kube-binaries runtime-binaries
+bench: kube-binaries runtime-binaries kwok
 	$(BIN)/python -m bench --readme README.md
 
 demo: kube-binaries runtime-binaries

@@ -30,6 +30,8 @@ from devtools.cluster.containerd import ContainerdError
 from devtools.cluster.cri import CRIError
 from devtools.cluster.helmbin import cached_helm
 from devtools.cluster.images import ImageError
+from devtools.cluster.kwok import SELECTOR
+from devtools.cluster.kwokbin import KwokBuildError
 from devtools.cluster.local import ClusterError, LocalCluster
 from devtools.cluster.process import ProcessDied
 from devtools.cluster.runtimebin import RuntimeBuildError
@@ -44,6 +46,7 @@ ERRORS: tuple[type[Exception], ...] = (
     ImageError,
     ContainerdError,
     CRIError,
+    KwokBuildError,
 )
 
 
@@ -52,7 +55,8 @@ def _cluster(args: argparse.Namespace) -> LocalCluster:
     # down and status take the runtime from the running cluster's state file.
     runtime = parse_runtime(getattr(args, "runtime", "fake"))
     layout = Layout(state_dir=args.state_dir, nodes=args.nodes, runtime=runtime)
-    return LocalCluster(layout, gates, getattr(args, "kube_version", None))
+    kwok_nodes = getattr(args, "kwok_nodes", 0)
+    return LocalCluster(layout, gates, getattr(args, "kube_version", None), kwok_nodes)
 
 
 def cmd_build(args: argparse.Namespace) -> int:
@@ -105,6 +109,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     gates = gates or f"the {state.kube_version} defaults"
     print(f"gates:      {gates}")
     print(f"runtime:    node-1 {state.runtime}" + (", others fake" if len(state.nodes) > 1 else ""))
+    if state.kwok_nodes:
+        print(f"simulated:  {state.kwok_nodes} kwok nodes (label {SELECTOR}), 8 devices each")
     print(f"{'COMPONENT':<26}{'PID':>8}  {'STATE':<8}{'PEAK RSS':>10}")
     healthy = True
     for rec in state.components:
@@ -156,6 +162,13 @@ def with_cluster_opts(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     return p
 
 
+def kwok_nodes_count(text: str) -> int:
+    count = int(text)
+    if not 0 <= count <= 10_000:
+        raise argparse.ArgumentTypeError(f"--kwok-nodes must be between 0 and 10000, not {count}")
+    return count
+
+
 def with_runtime_opt(p: argparse.ArgumentParser, default_runtime: str) -> argparse.ArgumentParser:
     p.add_argument(
         "--runtime",
@@ -177,14 +190,24 @@ def register(sub: Any) -> None:
     )
     build.add_argument("--all", action="store_true", help="every supported release, oldest first")
     build.set_defaults(func=cmd_build)
-    with_version_opt(
+    up = with_version_opt(
         with_runtime_opt(
             with_cluster_opts(
                 csub.add_parser("up", help="start the cluster; print the kubeconfig path")
             ),
             "fake",
         )
-    ).set_defaults(func=cmd_up)
+    )
+    up.add_argument(
+        "--kwok-nodes",
+        type=kwok_nodes_count,
+        default=0,
+        metavar="N",
+        help="add N simulated nodes kept by kwok (built on first use), tainted "
+        "kwok.x-k8s.io/node=fake:NoSchedule, each publishing 8 devices of the driver "
+        "dradriver.dev (default: %(default)s)",
+    )
+    up.set_defaults(func=cmd_up)
     with_cluster_opts(csub.add_parser("down", help="stop the cluster and clean up")).set_defaults(
         func=cmd_down
     )

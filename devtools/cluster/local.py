@@ -36,7 +36,7 @@ from typing import Any
 
 import httpx
 
-from devtools.cluster import containerd, images, pki, runtimebin
+from devtools.cluster import containerd, images, kwok, kwokbin, pki, runtimebin
 from devtools.cluster.api import AdminAPI
 from devtools.cluster.binaries import KubeBinaries, ensure_binaries, resolve_version
 from devtools.cluster.config import (
@@ -102,6 +102,8 @@ class ClusterState:
     # The Kubernetes release the components run; state files from before the
     # version matrix ran the only one there was.
     kube_version: str = "v1.36.3"
+    # Simulated (kwok) nodes next to the kubelets (devtools.cluster.kwok).
+    kwok_nodes: int = 0
 
     @classmethod
     def load(cls, path: Path) -> ClusterState | None:
@@ -168,9 +170,13 @@ class LocalCluster:
         layout: Layout,
         feature_gates: dict[str, bool] | None = None,
         kube_version: str | None = None,
+        kwok_nodes: int = 0,
+        kwok_driver: str = "dradriver.dev",
     ) -> None:
         self.layout = layout
         self.feature_gates = dict(feature_gates or {})
+        self.kwok_nodes = kwok_nodes
+        self.kwok_driver = kwok_driver
         # Resolved now, so a bad choice fails before anything starts.
         self.kube_version = resolve_version(kube_version)
 
@@ -209,7 +215,10 @@ class LocalCluster:
             nodes=[n.name for n in self.layout.all_nodes()],
             runtime=self.layout.runtime,
             kube_version=binaries.version,
+            kwok_nodes=self.kwok_nodes,
         )
+        if self.kwok_nodes:
+            kwokbin.ensure_kwok()  # a build failure stops `up` before anything starts
         try:
             self._start(binaries, runtime, state, started)
         except BaseException:
@@ -553,6 +562,7 @@ class LocalCluster:
                 f"--flex-volume-plugin-dir={layout.state_dir / 'flexvolume'}",
                 "--kube-api-qps=100",
                 "--kube-api-burst=200",
+                *kwok.controller_manager_args(self.kwok_nodes),
                 *common,
             ],
         )
@@ -640,7 +650,28 @@ class LocalCluster:
                 lambda: api.get_or_none("/api/v1/namespaces/default/serviceaccounts/default"),
                 60,
             )
+            if self.kwok_nodes:
+                self._start_kwok(state, api, running, mark)
         mark("ready")
+
+    def _start_kwok(
+        self,
+        state: ClusterState,
+        api: AdminAPI,
+        running: list[ManagedProcess],
+        mark: Callable[[str], None],
+    ) -> None:
+        """The simulated nodes, kwok, and the publisher of their pools (components)."""
+        kwok.create_nodes(state.kubeconfig, self.kwok_nodes)
+        workdir = self.layout.state_dir / "work"
+        for process in kwok.start(
+            state.kubeconfig, self.kwok_nodes, self.kwok_driver, workdir, self.layout.logs
+        ):
+            running.append(process)
+            state.components.append(process.record)
+            state.save(self.layout.state_file)
+        kwok.wait_ready(api, self.kwok_nodes, running, 60 + self.kwok_nodes / 20)
+        mark("kwok-nodes")
 
     def _save_sysctls(self) -> dict[str, str]:
         saved = {}
