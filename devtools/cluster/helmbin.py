@@ -20,9 +20,7 @@ path.
 from __future__ import annotations
 
 import argparse
-import fcntl
 import hashlib
-import json
 import os
 import re
 import shutil
@@ -33,6 +31,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from devtools import paths
+from devtools.cluster import gotool
 from devtools.cluster.gomodule import hash_go_sources
 from devtools.cluster.runtimebin import cache_root
 from dradriver.log import configure, get_logger
@@ -99,25 +98,12 @@ def build_dir() -> Path:
 
 def ensure_helm() -> Path:
     """The path of helm, building it on a cache miss (or ``$DRADRIVER_HELM``)."""
-    override = os.environ.get(OVERRIDE_ENV)
-    if override:
-        path = Path(override)
-        if not os.access(path, os.X_OK):
-            raise HelmBuildError(f"{OVERRIDE_ENV}={override} is not an executable file")
-        return path
-    target = build_dir()
-    if not (target / ".complete").exists():
-        _build(target)
-    return target / "helm"
+    return gotool.ensure(OVERRIDE_ENV, build_dir(), "helm", _build, HelmBuildError)
 
 
 def cached_helm() -> Path | None:
     """helm if it is already built (or named by ``$DRADRIVER_HELM``), else None."""
-    override = os.environ.get(OVERRIDE_ENV)
-    if override:
-        return Path(override) if os.access(override, os.X_OK) else None
-    target = build_dir()
-    return target / "helm" if (target / ".complete").exists() else None
+    return gotool.cached(OVERRIDE_ENV, build_dir(), "helm")
 
 
 def _build(target: Path) -> None:
@@ -127,11 +113,8 @@ def _build(target: Path) -> None:
             "the Go toolchain is not on PATH; install Go 1.26 or newer (helm is built from "
             f"the Go module proxy), or set {OVERRIDE_ENV} to a helm v3 binary"
         )
-    target.mkdir(parents=True, exist_ok=True)
-    with open(target.parent / f".{target.name}.lock", "w") as lock:
-        # A parallel test run or CI job may be building the same key.
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if (target / ".complete").exists():
+    with gotool.build_lock(target) as to_build:
+        if not to_build:
             return
         version = pinned_version()
         out = target / "helm"
@@ -160,10 +143,9 @@ def _build(target: Path) -> None:
                     log.info(f"still building helm {version} (1/1), {elapsed:.0f} s elapsed")
         took = time.monotonic() - started
         if code != 0 or not os.access(out, os.X_OK):
-            tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-30:])
+            tail = gotool.log_tail(log_path)
             raise HelmBuildError(f"go build of helm failed (exit {code}); {log_path}:\n{tail}")
-        record = {"seconds": round(took, 1), "version": version}
-        (target / ".complete").write_text(json.dumps(record) + "\n")
+        gotool.record_complete(target, took, version)
         log.info(f"built helm {version} in {took:.0f} s", path=str(out))
 
 

@@ -18,9 +18,7 @@ names), like the kube binaries.
 from __future__ import annotations
 
 import argparse
-import fcntl
 import hashlib
-import json
 import os
 import re
 import shutil
@@ -30,6 +28,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from devtools import paths
+from devtools.cluster import gotool
 from devtools.cluster.gomodule import hash_go_sources
 from devtools.cluster.progress import Progress, count_go_packages, run_go_build
 from devtools.cluster.runtimebin import cache_root
@@ -80,34 +79,7 @@ def build_dir() -> Path:
 
 def ensure_kwok() -> Path:
     """The path of kwok, building it on a cache miss (or ``$DRADRIVER_KWOK``)."""
-    override = os.environ.get(OVERRIDE_ENV)
-    if override:
-        path = Path(override)
-        if not os.access(path, os.X_OK):
-            raise KwokBuildError(f"{OVERRIDE_ENV}={override} is not an executable file")
-        return path
-    target = build_dir()
-    if not (target / ".complete").exists():
-        _build(target)
-    return target / "kwok"
-
-
-def cached_kwok() -> Path | None:
-    """kwok if it is already built (or named by ``$DRADRIVER_KWOK``), else None."""
-    override = os.environ.get(OVERRIDE_ENV)
-    if override:
-        return Path(override) if os.access(override, os.X_OK) else None
-    target = build_dir()
-    return target / "kwok" if (target / ".complete").exists() else None
-
-
-def build_seconds() -> float | None:
-    """How long the cached build took, if it was built here."""
-    try:
-        record = json.loads((build_dir() / ".complete").read_text())
-        return float(record["seconds"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
+    return gotool.ensure(OVERRIDE_ENV, build_dir(), "kwok", _build, KwokBuildError)
 
 
 def _build(target: Path) -> None:
@@ -117,11 +89,8 @@ def _build(target: Path) -> None:
             "the Go toolchain is not on PATH; install Go 1.26 or newer (kwok is built from "
             f"the Go module proxy), or set {OVERRIDE_ENV} to a kwok v0.8 binary"
         )
-    target.mkdir(parents=True, exist_ok=True)
-    with open(target.parent / f".{target.name}.lock", "w") as lock:
-        # A parallel test run or CI job may be building the same key.
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if (target / ".complete").exists():
+    with gotool.build_lock(target) as to_build:
+        if not to_build:
             return
         version = pinned_version()
         out = target / "kwok"
@@ -139,10 +108,9 @@ def _build(target: Path) -> None:
             )
         took = time.monotonic() - started
         if code != 0 or not os.access(out, os.X_OK):
-            tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-30:])
+            tail = gotool.log_tail(log_path)
             raise KwokBuildError(f"go build of kwok failed (exit {code}); {log_path}:\n{tail}")
-        record = {"seconds": round(took, 1), "version": version}
-        (target / ".complete").write_text(json.dumps(record) + "\n")
+        gotool.record_complete(target, took, version)
         log.info(f"built kwok {version} in {took:.0f} s", path=str(out))
 
 
