@@ -206,7 +206,8 @@ class SearchBatches:
             if not w.turns:
                 stages.observe("turn", now - w.since)
             w.turns += 1
-        snapshot = self.context.holdings.snapshot(self.sources.slices.items())
+        # The informer itself: its slices are listed only when an unreadable claim blocks.
+        snapshot = self.context.holdings.snapshot(self.sources.slices)
         nodes = tuple(node_info(n) for n in self.sources.nodes.items())
         jobs = [AllocationJob(w.effective, snapshot, nodes, budget) for w, budget in batch]
         try:

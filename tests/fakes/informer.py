@@ -7,7 +7,7 @@ against the real apiserver in the cluster tier.
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import cast
 
 from dradriver.k8s.objects import Obj
@@ -52,6 +52,9 @@ class FakeInformer:
 
     def items(self) -> list[Obj]:
         return list(self.cache.values())
+
+    def __iter__(self) -> Iterator[Obj]:
+        return iter(self.items())
 
     def apply(self, obj: Obj) -> None:
         obj = copy.deepcopy(obj)
