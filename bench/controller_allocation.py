@@ -427,6 +427,36 @@ def stage_times(metrics_text: str) -> list[Stage]:
     return [found[s] for s in STAGES if s in found]
 
 
+def controller_claims(
+    proc: ControllerProcess,
+    pid: int,
+    sent: dict[str, float],
+    seen: dict[str, float],
+    before: float,
+) -> tuple[Result, list[Stage]]:
+    """The controller's row for claims ``sent`` and ``seen`` allocated (RSS ``before`` the
+    claims, now, and of its process tree), and its stage times from ``/metrics``."""
+    result = Result(
+        "dradriver-controller (claims)",
+        "claims",
+        sent,
+        seen,
+        before,
+        rss_mib(pid),
+        tree_rss_mib(pid),
+    )
+    metrics = proc.get("/metrics")
+    return result, stage_times(metrics.text) if metrics is not None else []
+
+
+def create_driver_class(api: AdminAPI, cls: str, driver: str) -> None:
+    """A DeviceClass ``cls`` that selects every device of ``driver``."""
+    selector = {"cel": {"expression": f'device.driver == "{driver}"'}}
+    api.create(
+        path_for(R, "deviceclasses"), {"metadata": {"name": cls}, "spec": {"selectors": [selector]}}
+    )
+
+
 @dataclass
 class AtScale:
     deallocated: int
@@ -532,15 +562,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             kubeconfig = str(state.kubeconfig)
             published = slices(driver, args.devices)
             api.create_namespace(namespace)
-            api.create(
-                path_for(R, "deviceclasses"),
-                {
-                    "metadata": {"name": cls},
-                    "spec": {
-                        "selectors": [{"cel": {"expression": f'device.driver == "{driver}"'}}]
-                    },
-                },
-            )
+            create_driver_class(api, cls, driver)
             for obj in published:
                 api.create(path_for(R, "resourceslices"), obj)
 
@@ -588,17 +610,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                 sent, seen = asyncio.run(
                     measure(kubeconfig, namespace, n, args.deadline, create_claim)
                 )
-                controller = Result(
-                    "dradriver-controller (claims)",
-                    "claims",
-                    sent,
-                    seen,
-                    before,
-                    rss_mib(pid),
-                    tree_rss_mib(pid),
-                )
-                metrics = proc.get("/metrics")
-                stages = stage_times(metrics.text) if metrics is not None else []
+                controller, stages = controller_claims(proc, pid, sent, seen, before)
                 at_scale = deallocate_and_outage(
                     cluster,
                     state,

@@ -47,6 +47,7 @@ from pathlib import Path
 
 from bench.controller_allocation import (
     component_pid,
+    create_driver_class,
     isolated_layout,
     restart_component,
     rss_mib,
@@ -120,15 +121,7 @@ def run_size(n: int, args: argparse.Namespace) -> Size:
             names = kwok.node_names(n)
             size.publish = asyncio_run_publish(kubeconfig, driver, names)
             api.create_namespace(namespace)
-            api.create(
-                path_for(R, "deviceclasses"),
-                {
-                    "metadata": {"name": cls},
-                    "spec": {
-                        "selectors": [{"cel": {"expression": f'device.driver == "{driver}"'}}]
-                    },
-                },
-            )
+            create_driver_class(api, cls, driver)
             for m in {model(i) for i in range(4)}:
                 api.create(
                     path_for(R, "resourceclaimtemplates", namespace),

@@ -21,10 +21,10 @@ from bench.controller_allocation import (
     allocated,
     claim,
     claim_name,
+    controller_claims,
     delete_claims,
     measure,
     rss_mib,
-    stage_times,
     tree_rss_mib,
 )
 from devtools.cluster.api import AdminAPI
@@ -123,17 +123,7 @@ def controller_phase(
             sent, seen = asyncio.run(measure(kubeconfig, namespace, count, deadline, create))
         finally:
             profile = scale_profile.stop(recording)
-        result = Result(
-            "dradriver-controller (claims)",
-            "claims",
-            sent,
-            seen,
-            before,
-            rss_mib(pid),
-            tree_rss_mib(pid),
-        )
-        metrics = proc.get("/metrics")
-        stages = stage_times(metrics.text) if metrics is not None else []
+        result, stages = controller_claims(proc, pid, sent, seen, before)
     finally:
         proc.stop()
     # Restart at scale: a new process with every slice and claim to list; the first
