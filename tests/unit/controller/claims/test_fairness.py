@@ -8,12 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any, cast
 
 import pytest
 
-from controller.claims.context import ClaimContext, ClaimSettings, ClaimSources
-from controller.claims.reconciler import ClaimReconciler
+from controller.claims.context import ClaimSettings
 from controller.claims.worker import AllocationWorker
 from dradriver.api.wellknown import STATUS_ANNOTATION
 from dradriver.k8s.objects import Obj
@@ -21,7 +19,11 @@ from dradriver.k8s.paths import RESOURCE_V1, path_for
 from dradriver.runtime import RequeueAfter
 from tests.fakes.apiserver import FakeAPIServer
 from tests.fakes.informer import FakeInformer
-from tests.unit.controller.claims.test_worker import GPU, NODES, immediate, run, slices
+from tests.unit.controller.claims.test_worker import (
+    gpu_reconciler,
+    immediate,
+    run,
+)
 from tests.unit.dradriver.allocator.builders import DRIVER
 from tests.unit.dradriver.allocator.builders import claim as bare_claim
 from tests.unit.dradriver.allocator.builders import request as bare_request
@@ -52,19 +54,9 @@ class Rig:
     def __init__(self, workers: list[AllocationWorker], budget: float, turn: float) -> None:
         self.api = FakeAPIServer()
         self.claims = FakeInformer()
-        self.rec = ClaimReconciler(
-            ClaimContext.create(
-                cast(Any, self.api),
-                "dradriver.dev",
-                cast(Any, self.claims),
-                allocation_drivers=[DRIVER],
-            ),
-            ClaimSources(
-                cast(Any, FakeInformer()),
-                cast(Any, FakeInformer(*slices())),
-                cast(Any, FakeInformer(GPU)),
-                cast(Any, FakeInformer(*NODES)),
-            ),
+        self.rec = gpu_reconciler(
+            self.api,
+            self.claims,
             ClaimSettings(allocation_timeout=budget, allocation_turn=turn, retry_base=0.01),
             worker=workers[0],
             slow_worker=workers[1] if len(workers) > 1 else None,

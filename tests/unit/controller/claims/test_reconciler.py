@@ -7,11 +7,9 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterator
-from typing import Any, cast
 
 import pytest
 
-from controller.claims.context import ClaimContext, ClaimSources
 from controller.claims.reconciler import EVENTS_IN_FLIGHT, ClaimReconciler
 from controller.claims.worker import AllocationJob, AllocationWorker, run_batch
 from dradriver.allocator import AllocatedState, Allocator, SliceInventory, node_info
@@ -24,12 +22,12 @@ from tests.unit.controller.claims.test_worker import (
     GPU,
     NODES,
     claim_path,
+    gpu_reconciler,
     immediate,
     run,
-    slices,
 )
-from tests.unit.dradriver.allocator.builders import DRIVER, device, node_slice
 from tests.unit.dradriver.allocator.builders import claim as bare_claim
+from tests.unit.dradriver.allocator.builders import device, node_slice
 from tests.unit.dradriver.allocator.builders import request as bare_request
 from tests.unit.dradriver.runtime.test_leaderelection import eventually
 
@@ -58,18 +56,7 @@ def new_claim(name: str) -> Obj:
 
 def reconciler(api: FakeAPIServer, worker: AllocationWorker, *claims: Obj) -> ClaimReconciler:
     informer = FakeInformer(*(api.put(claim_path(c["metadata"]["name"]), c) for c in claims))
-    return ClaimReconciler(
-        ClaimContext.create(
-            cast(Any, api), "dradriver.dev", cast(Any, informer), allocation_drivers=[DRIVER]
-        ),
-        ClaimSources(
-            cast(Any, FakeInformer()),
-            cast(Any, FakeInformer(*slices())),
-            cast(Any, FakeInformer(GPU)),
-            cast(Any, FakeInformer(*NODES)),
-        ),
-        worker=worker,
-    )
+    return gpu_reconciler(api, informer, worker=worker)
 
 
 @pytest.fixture(scope="module")

@@ -14,8 +14,6 @@ from typing import Any, cast
 
 import pytest
 
-from controller.claims.context import ClaimContext, ClaimSources
-from controller.claims.reconciler import ClaimReconciler
 from controller.claims.scheduler import SchedulerActivity
 from controller.claims.staleness import (
     EVIDENCE_MARGIN,
@@ -33,8 +31,11 @@ from dradriver.runtime.ratelimit import Backoff
 from tests.fakes.apiserver import FakeAPIServer
 from tests.fakes.informer import FakeInformer
 from tests.unit.controller.claims.test_reconciler import new_claim
-from tests.unit.controller.claims.test_worker import GPU, NODES, claim_path, run, slices
-from tests.unit.dradriver.allocator.builders import DRIVER
+from tests.unit.controller.claims.test_worker import (
+    claim_path,
+    gpu_reconciler,
+    run,
+)
 from tests.unit.dradriver.runtime.test_leaderelection import eventually
 
 CLAIMS = path_for(RESOURCE_V1, "resourceclaims")
@@ -310,21 +311,8 @@ def test_after_a_claim_watch_gap_no_allocation_is_written_until_the_scheduler_ca
             await eventually("the informer's watch failing", lambda: s.gaps == 1)
             api = FakeAPIServer()
             claims = FakeInformer(api.put(claim_path("c"), new_claim("c")))
-            rec = ClaimReconciler(
-                ClaimContext.create(
-                    cast(Any, api),
-                    "dradriver.dev",
-                    cast(Any, claims),
-                    scheduler=SchedulerActivity(None, staleness=s),
-                    allocation_drivers=[DRIVER],
-                ),
-                ClaimSources(
-                    cast(Any, FakeInformer()),
-                    cast(Any, FakeInformer(*slices())),
-                    cast(Any, FakeInformer(GPU)),
-                    cast(Any, FakeInformer(*NODES)),
-                ),
-                worker=worker,
+            rec = gpu_reconciler(
+                api, claims, worker=worker, scheduler=SchedulerActivity(None, staleness=s)
             )
             clocks.advance(CATCHUP - 1)
             with pytest.raises(RequeueAfter, match="catching up"):

@@ -14,6 +14,7 @@ import pytest
 
 from controller.claims.context import ClaimContext, ClaimSettings, ClaimSources
 from controller.claims.reconciler import ClaimReconciler
+from controller.claims.scheduler import SchedulerActivity
 from controller.claims.worker import (
     NOT_RUN,
     TURN_ENDED,
@@ -45,6 +46,37 @@ def slices(per_node: int = 32) -> tuple[Obj, ...]:
             [device(f"dev-{i}", {"group": i % 16}) for i in range(per_node)],
         )
         for n in NODES
+    )
+
+
+def gpu_reconciler(
+    api: FakeAPIServer,
+    claims: FakeInformer,
+    settings: ClaimSettings | None = None,
+    *,
+    worker: AllocationWorker,
+    slow_worker: AllocationWorker | None = None,
+    scheduler: SchedulerActivity | None = None,
+) -> ClaimReconciler:
+    """A reconciler for the builders' driver over ``claims``: the GPU class, :func:`slices`
+    and NODES, no parameters."""
+    return ClaimReconciler(
+        ClaimContext.create(
+            cast(Any, api),
+            "dradriver.dev",
+            cast(Any, claims),
+            scheduler=scheduler,
+            allocation_drivers=[DRIVER],
+        ),
+        ClaimSources(
+            cast(Any, FakeInformer()),
+            cast(Any, FakeInformer(*slices())),
+            cast(Any, FakeInformer(GPU)),
+            cast(Any, FakeInformer(*NODES)),
+        ),
+        settings,
+        worker=worker,
+        slow_worker=slow_worker,
     )
 
 
@@ -247,21 +279,8 @@ class Rig:
         self.claims = FakeInformer(
             *(self.api.put(claim_path(c["metadata"]["name"]), c) for c in claims)
         )
-        self.rec = ClaimReconciler(
-            ClaimContext.create(
-                cast(Any, self.api),
-                "dradriver.dev",
-                cast(Any, self.claims),
-                allocation_drivers=[DRIVER],
-            ),
-            ClaimSources(
-                cast(Any, FakeInformer()),
-                cast(Any, FakeInformer(*slices())),
-                cast(Any, FakeInformer(GPU)),
-                cast(Any, FakeInformer(*NODES)),
-            ),
-            ClaimSettings(allocation_timeout=budget),
-            worker=worker,
+        self.rec = gpu_reconciler(
+            self.api, self.claims, ClaimSettings(allocation_timeout=budget), worker=worker
         )
 
     def stored(self, name: str) -> Obj:
