@@ -38,7 +38,8 @@ def _class(name: str, expression: str) -> Obj:
     }
 
 
-def _slice(name: str, driver: str, devices: list[Obj]) -> Obj:
+def all_nodes_slice(name: str, driver: str, devices: list[Obj]) -> Obj:
+    """A one-slice pool ``name`` of ``driver`` that every node reaches."""
     return {
         "metadata": {"name": name},
         "spec": {
@@ -86,10 +87,10 @@ def other_driver_claims(
     )
     api.create(
         path_for(R, "resourceslices"),
-        _slice(f"other-{run}", other, [{"name": f"gpu-{i}"} for i in range(DEVICES)]),
+        all_nodes_slice(f"other-{run}", other, [{"name": f"gpu-{i}"} for i in range(DEVICES)]),
     )
     ours = [{"name": "dev-0", "attributes": {"run": {"string": run}}}]
-    api.create(path_for(R, "resourceslices"), _slice(f"scope-{run}", OURS, ours))
+    api.create(path_for(R, "resourceslices"), all_nodes_slice(f"scope-{run}", OURS, ours))
     names = [f"f1-{run}-{i:02d}" for i in range(DEVICES)]
     for name in names:
         api.create(path_for(R, "resourceclaims", namespace), _claim(name, other_class))

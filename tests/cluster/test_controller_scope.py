@@ -18,6 +18,7 @@ from functools import partial
 
 import pytest
 
+from bench.fault_scope import all_nodes_slice
 from devtools.cluster.api import AdminAPI
 from devtools.cluster.local import LocalCluster
 from devtools.cluster.wait import wait_until
@@ -48,17 +49,6 @@ class TwoDrivers:
         self.other_class = f"other-{run}"
         self.our_class = f"scope-{run}"
 
-    def _slice(self, name: str, driver: str, devices: list[Obj]) -> Obj:
-        return {
-            "metadata": {"name": name},
-            "spec": {
-                "driver": driver,
-                "allNodes": True,
-                "pool": {"name": name, "generation": 1, "resourceSliceCount": 1},
-                "devices": devices,
-            },
-        }
-
     def __enter__(self) -> TwoDrivers:
         classes = path_for(R, "deviceclasses")
         selector = f'device.driver == "{self.other}"'
@@ -79,12 +69,12 @@ class TwoDrivers:
         )
         slices = path_for(R, "resourceslices")
         gpus = [{"name": f"gpu-{i}"} for i in range(OTHER_DEVICES)]
-        self.api.create(slices, self._slice(self.other_class, self.other, gpus))
+        self.api.create(slices, all_nodes_slice(self.other_class, self.other, gpus))
         devs = [
             {"name": f"dev-{i}", "attributes": {"run": {"string": self.run}}}
             for i in range(OUR_DEVICES)
         ]
-        self.api.create(slices, self._slice(self.our_class, OURS, devs))
+        self.api.create(slices, all_nodes_slice(self.our_class, OURS, devs))
         return self
 
     def __exit__(self, *exc: object) -> None:
