@@ -35,9 +35,10 @@ constraints (:mod:`~dradriver.allocator.constraints`), the search of one attempt
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from dradriver.allocator.freenodes import FreeNodes
 from dradriver.allocator.inventory import SliceInventory
 from dradriver.allocator.nodes import NodeInfo, node_info, selector_matches
 from dradriver.allocator.outcome import OUT_OF_TIME, Outcome
@@ -69,6 +70,44 @@ class Allocator:
         self.abort_on_cel_error = abort_on_cel_error
         self.max_steps = max_steps
         self._match: dict[tuple[str, tuple[str, ...], tuple[str, ...]], bytearray] = {}
+        self._free = FreeNodes(inventory)
+        self._nodes: tuple[object, list[NodeInfo], dict[str, NodeInfo]] | None = None
+
+    def _sorted_nodes(
+        self, nodes: Sequence[Mapping[str, Any] | NodeInfo | str] | None
+    ) -> tuple[list[NodeInfo], dict[str, NodeInfo]]:
+        """``nodes`` in name order and by name; kept while the caller passes the same
+        sequence object (do not change one after passing it)."""
+        if nodes is None:
+            return [], {}
+        if self._nodes is None or self._nodes[0] is not nodes:
+            infos = sorted((node_info(n) for n in nodes), key=lambda n: n.name)
+            self._nodes = (nodes, infos, {n.name: n for n in infos})
+        return self._nodes[1], self._nodes[2]
+
+    def _worth_trying(
+        self,
+        claims: Sequence[Mapping[str, Any]],
+        state: AllocatedState,
+        infos: list[NodeInfo],
+        by_name: dict[str, NodeInfo],
+        found_nothing: bool,
+    ) -> Iterable[NodeInfo]:
+        """The nodes to try after the attempt without a node: all of them, or, when that
+        attempt looked at a superset of what a node with no free own device offers and
+        found nothing, only the nodes that have one (:class:`FreeNodes`).
+
+        Superset: a node's attempt sees the devices usable without a node that reach it
+        (selector pools: a subset), its own devices and those binding to it; with its own
+        all taken and none binding to a node, nothing new. A search that ran out of steps
+        or time, one that found an allocation reaching none of the nodes, admin access
+        (taken devices count) and ``All`` (every device on the node is needed, a different
+        question) are not comparable: then every node is tried."""
+        if not found_nothing or self._free.binds_to_node or not _comparable(claims):
+            return infos
+        self._free.sync(state)
+        # Lazily: the first few usually fit.
+        return (by_name[name] for name in self._free.names() if name in by_name)
 
     def allocate(
         self,
@@ -91,8 +130,11 @@ class Allocator:
         state = state if state is not None else AllocatedState()
         if node is not None:
             return self._attempt(claims, state, node_info(node), deadline)
-        infos = sorted((node_info(n) for n in nodes or ()), key=lambda n: n.name)
+        infos, by_name = self._sorted_nodes(nodes)
         outcome = self._attempt(claims, state, None, deadline)
+        # A complete search that found nothing (not one cut short, nor one whose finding
+        # reaches none of the nodes).
+        found_nothing = not outcome.ok and outcome.exhausted is None
         if outcome.ok and outcome.allocations is not None:
             selectors = [a.get("nodeSelector") for a in outcome.allocations]
             if not infos or all(
@@ -109,7 +151,7 @@ class Allocator:
         steps = outcome.steps
         error = outcome.error
         exhausted = outcome.exhausted
-        for info in infos:
+        for info in self._worth_trying(claims, state, infos, by_name, found_nothing):
             attempt = self._attempt(claims, state, info, deadline)
             steps += attempt.steps
             tried.append(info.name)
@@ -154,3 +196,15 @@ class Allocator:
         if found is None:
             found = self._match[key] = bytearray(len(self.inventory.devices))
         return found
+
+
+def _comparable(claims: Sequence[Mapping[str, Any]]) -> bool:
+    """No request (or subrequest) asks for admin access or for all devices."""
+    for claim in claims:
+        for request in ((claim.get("spec") or {}).get("devices") or {}).get("requests") or []:
+            for spec in (request.get("exactly"), *(request.get("firstAvailable") or ())):
+                if isinstance(spec, Mapping) and (
+                    spec.get("adminAccess") or spec.get("allocationMode") == "All"
+                ):
+                    return False
+    return True

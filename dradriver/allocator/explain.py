@@ -196,6 +196,9 @@ class _Context:
         self.state = state
         self.node = node_info(node) if node is not None else None
         self.nodes = [node_info(n) for n in nodes] if nodes is not None else None
+        self._node_names = {n.name for n in self.nodes or ()}
+        # Keyed by the identity of a slice's selector (held by its devices meanwhile).
+        self._selector_reaches: dict[int, bool] = {}
         self.drivers = set(drivers) if drivers is not None else None
         self._counters: dict[int, dict[str, dict[str, Decimal]]] = {}
 
@@ -217,11 +220,27 @@ class _Context:
                 return None
             what = "binds to a node" if device.binds_to_node else device.placement_text()
             return f"{what}: it needs a node, and no candidate nodes were given"
-        if any(device.reachable(n) for n in self.nodes):
+        if self._reaches_a_candidate(device):
             return None
         if kind == "selector":
             return "no node matches the node selector of its slice"
         return f"{device.placement_text()}, which is not one of the candidate nodes"
+
+    def _reaches_a_candidate(self, device: CandidateDevice) -> bool:
+        """Whether some candidate node can use ``device``: by name for a node's own
+        device, once per slice selector (not each device against every node)."""
+        assert self.nodes is not None
+        kind = device.placement.get("kind")
+        if kind == "node":
+            return device.placement.get("node") in self._node_names
+        if kind == "all":
+            return bool(self.nodes)
+        selector = device.placement.get("selector")
+        known = self._selector_reaches.get(id(selector))
+        if known is None:
+            known = any(device.reachable(n) for n in self.nodes)
+            self._selector_reaches[id(selector)] = known
+        return known
 
     def nodes_for(self, device: CandidateDevice) -> list[str]:
         """Names of the candidate nodes the device can be used from ("*" = any)."""
@@ -233,7 +252,7 @@ class _Context:
         if kind == "all" and not device.binds_to_node:
             return ["*"]
         if kind == "selector" and not device.binds_to_node and self.nodes:
-            return ["*"] if any(device.reachable(n) for n in self.nodes) else []
+            return ["*"] if self._reaches_a_candidate(device) else []
         return [n.name for n in self.nodes if device.reachable(n)]
 
     def counters_left(self, device: CandidateDevice) -> dict[str, dict[str, Decimal]]:

@@ -20,8 +20,16 @@ __all__ = ["NodeInfo", "merge_selectors", "node_info", "node_name_selector", "se
 
 @dataclass(frozen=True)
 class NodeInfo:
+    """A node's name and labels; ``key`` names both (the inventory's cache key), computed
+    once: a NodeInfo is not changed after it is made."""
+
     name: str
     labels: Mapping[str, str] = field(default_factory=dict)
+    key: tuple[str, ...] = field(init=False, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        key = (self.name, *sorted(f"{k}={v}" for k, v in self.labels.items()))
+        object.__setattr__(self, "key", key)
 
 
 def node_info(node: Mapping[str, Any] | NodeInfo | str) -> NodeInfo:

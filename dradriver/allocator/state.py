@@ -15,23 +15,51 @@ with :meth:`AllocatedState.add`).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
-from typing import Any
+from typing import Any, TypeVar
 
+from dradriver.k8s.names import qualify
 from dradriver.k8s.objects import allocation_of
 from dradriver.k8s.quantity import QuantityError, parse_quantity
 
-__all__ = ["AllocatedState", "DeviceID", "Held", "claim_key", "qualify"]
+__all__ = [
+    "AllocatedState",
+    "DeviceID",
+    "Held",
+    "by_qualified_name",
+    "claim_key",
+    "qualify",
+]
+
+T = TypeVar("T")
 
 DeviceID = tuple[str, str, str]
 """(driver, pool, device)."""
 
+JOURNAL_LIMIT = 65_536
+"""Changes :meth:`AllocatedState.changes_since` remembers before it starts over."""
 
-def qualify(name: str, driver: str) -> str:
-    """A capacity/attribute name with its domain (the driver's when it has none)."""
-    return name if "/" in name else f"{driver}/{name}"
+
+def by_qualified_name(
+    raw: Mapping[str, Any] | None, driver: str, parse: Callable[[str, Any], T]
+) -> dict[str, T]:
+    """``raw``'s entries under their driver-qualified names, each value read by ``parse``
+    (given the name as spelled and the value).
+
+    A name spelled both ways keeps the driver-qualified entry (as in Go); an entry whose
+    value ``parse`` refuses with :class:`QuantityError` is left out."""
+    parsed: dict[str, T] = {}
+    for name, value in (raw or {}).items():
+        qualified = qualify(name, driver)
+        if "/" not in name and qualified in parsed:
+            continue
+        try:
+            parsed[qualified] = parse(name, value)
+        except QuantityError:
+            continue
+    return parsed
 
 
 def claim_key(claim: Mapping[str, Any]) -> str:
@@ -62,6 +90,28 @@ class AllocatedState:
     # Per claim, a tuple replaced (never changed) on every change: the identity of a
     # claim's entry says whether it changed since a snapshot (see update()).
     _by_claim: dict[str, tuple[Held, ...]] = field(default_factory=dict, repr=False)
+    # The devices held or let go, in order: entry i is change ``_journal_base + i + 1``
+    # (see changes_since()); cleared when it grows past JOURNAL_LIMIT.
+    _journal: list[DeviceID] = field(default_factory=list, repr=False)
+    _journal_base: int = field(default=0, repr=False)
+
+    @property
+    def revision(self) -> int:
+        """How many times a device was held or let go so far (never decreases)."""
+        return self._journal_base + len(self._journal)
+
+    def changes_since(self, revision: int) -> list[DeviceID] | None:
+        """The devices held or let go after ``revision`` (repeats possible), or None when
+        that is no longer known (the journal was cleared): then look at everything."""
+        if revision < self._journal_base or revision > self.revision:
+            return None
+        return self._journal[revision - self._journal_base :]
+
+    def _changed(self, device: DeviceID) -> None:
+        if len(self._journal) >= JOURNAL_LIMIT:
+            self._journal_base += len(self._journal)
+            self._journal = []
+        self._journal.append(device)
 
     @classmethod
     def from_claims(cls, claims: Iterable[Mapping[str, Any]]) -> AllocatedState:
@@ -93,15 +143,9 @@ class AllocatedState:
             driver = str(result.get("driver", ""))
             device: DeviceID = (driver, str(result.get("pool", "")), str(result.get("device", "")))
             share_id = result.get("shareID")
-            consumed: dict[str, Decimal] = {}
-            for name, value in (result.get("consumedCapacity") or {}).items():
-                qualified = qualify(name, driver)
-                if "/" not in name and qualified in consumed:
-                    continue  # spelled both ways: the driver-qualified entry wins (as in Go)
-                try:
-                    consumed[qualified] = parse_quantity(str(value))
-                except QuantityError:
-                    continue
+            consumed = by_qualified_name(
+                result.get("consumedCapacity"), driver, lambda _, value: parse_quantity(str(value))
+            )
             self._hold(key, Held(device, str(share_id) if share_id else None, consumed))
 
     def snapshot(self) -> dict[str, tuple[Held, ...]]:
@@ -120,8 +164,13 @@ class AllocatedState:
             for item in held:
                 self._hold(key, item)
 
+    def held_by(self, key: str) -> tuple[Held, ...] | None:
+        """What claim ``key`` holds (None: it is not in the state)."""
+        return self._by_claim.get(key)
+
     def _hold(self, key: str, held: Held) -> None:
         self._by_claim[key] = (*self._by_claim.get(key, ()), held)
+        self._changed(held.device)
         if held.share_id is None:
             self.dedicated.setdefault(held.device, []).append(key)
             return
@@ -133,6 +182,7 @@ class AllocatedState:
     def remove(self, key: str) -> None:
         """Forget what claim ``key`` holds (it was deallocated)."""
         for held in self._by_claim.pop(key, ()):
+            self._changed(held.device)
             if held.share_id is None:
                 holders = self.dedicated.get(held.device, [])
                 if key in holders:

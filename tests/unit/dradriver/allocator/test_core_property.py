@@ -314,3 +314,51 @@ def test_brute_force_agrees_on_a_known_case() -> None:
     run_sequence(devices, [spec], complete=True, record=False)
     spec = ClaimSpec("c", [Req("r", 1, "a", False), Req("s", 1, None, False)], "distinct")
     assert not brute_force(spec, devices, set())  # different numa needs different nodes
+
+
+class EveryNode(Allocator):
+    """The allocator without :class:`~dradriver.allocator.freenodes.FreeNodes`: it tries
+    every node after the attempt without one."""
+
+    def _worth_trying(self, claims, state, infos, by_name, found_nothing):  # type: ignore[no-untyped-def]
+        return infos
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(devices=inventories(rich=True), specs=claim_specs(rich=True))
+def test_skipping_nodes_without_a_free_device_changes_no_answer(
+    devices: list[Dev], specs: list[ClaimSpec]
+) -> None:
+    """Admin access, shared devices, firstAvailable, constraints: the allocator that skips
+    the nodes whose own devices are all taken answers exactly as the one trying them all."""
+    fast = Allocator(SliceInventory(to_slices(devices), [device_class()]))
+    every = EveryNode(SliceInventory(to_slices(devices), [device_class()]))
+    nodes = list(NODES)
+    states = (AllocatedState(), AllocatedState())
+    for spec in specs:
+        raw = to_claim(spec)
+        got = fast.allocate([raw], states[0], nodes=nodes)
+        want = every.allocate([raw], states[1], nodes=nodes)
+        assert (got.ok, _no_share_ids(got.allocations), got.node) == (
+            want.ok,
+            _no_share_ids(want.allocations),
+            want.node,
+        )
+        assert set(got.nodes_tried) <= set(want.nodes_tried)
+        if got.ok:
+            assert got.allocations is not None and want.allocations is not None
+            states[0].add(claim_key(raw), got.allocations[0])
+            states[1].add(claim_key(raw), want.allocations[0])
+
+
+def _no_share_ids(allocations: list[dict[str, Any]] | None) -> list[Any] | None:
+    """The allocations with each result's random shareID left out."""
+    if allocations is None:
+        return None
+    return [
+        [
+            {k: v for k, v in r.items() if k != "shareID"}
+            for r in (a.get("devices") or {}).get("results") or []
+        ]
+        for a in allocations
+    ]
