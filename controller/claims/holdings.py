@@ -92,7 +92,7 @@ class Holdings:
         self._count()
         if claim == before:
             return
-        held = ["/".join(h.device) for h in self.state.snapshot().get(unreadable_key(key), ())]
+        held = ["/".join(h.device) for h in self.state.held_by(unreadable_key(key)) or ()]
         if claim.blocks:
             log.warning(
                 "claim too deep to decode and its allocation cannot be read: allocation from "

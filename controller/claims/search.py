@@ -26,16 +26,16 @@ from controller.claims.fairqueue import TURN, FairQueue, Pick
 from controller.claims.pinned_config import pin_config
 from controller.claims.request import Request
 from controller.claims.shared_devices import conflicts
+from controller.claims.slicesync import SliceSnapshot
 from controller.claims.worker import (
     NOT_RUN,
     TURN_ENDED,
     AllocationAnswer,
     AllocationJob,
     AllocationWorker,
-    SliceSnapshot,
 )
 from controller.resourceclaims import with_timestamp
-from dradriver.allocator import node_info
+from dradriver.allocator import NodeInfo, node_info
 from dradriver.allocator.outcome import OUT_OF_TIME
 from dradriver.k8s.objects import Obj, now_rfc3339
 from dradriver.runtime import RequeueAfter
@@ -89,17 +89,38 @@ class SearchBatches:
         self._ready: dict[str, tuple[Obj, AllocationAnswer]] = {}  # their answers
         self._inventory: SliceSnapshot | None = None
         self._inventory_generation = 0
+        self._nodes: tuple[NodeInfo, ...] | None = None
         for informer in (sources.slices, sources.classes):
             informer.add_handler(
                 on_add=self._inventory_changed,
                 on_update=lambda old, new: self._inventory_changed(new),
                 on_delete=self._inventory_changed,
             )
+        sources.nodes.add_handler(
+            on_add=self._nodes_changed,
+            on_update=self._node_updated,
+            on_delete=self._nodes_changed,
+        )
 
     def _inventory_changed(self, obj: Obj) -> None:
         self._inventory = None
         self._ready.clear()
         self.queue.changed()
+
+    def _nodes_changed(self, obj: Obj) -> None:
+        self._nodes = None
+
+    def _node_updated(self, old: Obj, new: Obj) -> None:
+        """Only a new name or new labels matter (not the kubelet's status updates)."""
+        if node_info(old) != node_info(new):
+            self._nodes = None
+
+    def nodes(self) -> tuple[NodeInfo, ...]:
+        """The candidate nodes, one tuple until a node is added, removed or relabelled (the
+        worker sends them again only then)."""
+        if self._nodes is None:
+            self._nodes = tuple(node_info(n) for n in self.sources.nodes.items())
+        return self._nodes
 
     def devices_freed(self) -> None:
         """A claim let go of devices: a search that failed may succeed now."""
@@ -208,7 +229,7 @@ class SearchBatches:
             w.turns += 1
         # The informer itself: its slices are listed only when an unreadable claim blocks.
         snapshot = self.context.holdings.snapshot(self.sources.slices)
-        nodes = tuple(node_info(n) for n in self.sources.nodes.items())
+        nodes = self.nodes()
         jobs = [AllocationJob(w.effective, snapshot, nodes, budget) for w, budget in batch]
         try:
             answers = await worker.allocate_batch(jobs, self.inventory(), turn)

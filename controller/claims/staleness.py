@@ -31,8 +31,9 @@ stale", and the controller writes nothing that could collide until:
   the list or watch that brought it ran while the apiserver served (a watch refused then
   would have failed this replica's too). Writes after that reach the scheduler by that watch.
 
-Not covered (stated in the README): a scheduler that loses its watch while this replica does
-not (another apiserver instance, a network path of its own); a write that landed just
+Not covered (stated in docs/immediate-allocation.md): a scheduler that loses its watch
+while this replica does not (another apiserver instance, a network path of its own); a
+write that landed just
 before an outage and was not yet delivered to the scheduler's watch when it broke; a
 replica started after an outage that leads before ``catchup`` has passed (it saw no gap).
 
@@ -188,12 +189,25 @@ def _apiserver_trouble(e: BaseException, gone_counts: bool = False) -> bool:
     return e.status >= 500 or e.status == 429 or (gone_counts and e.status == 410)
 
 
+SCHEDULER_WATCHES = ("/api/", "/apis/resource.k8s.io/")
+"""Path prefixes of the lists and watches whose failures count: the core API and
+resource.k8s.io, which kube-scheduler watches too. The driver's own CRDs do not count: the
+scheduler does not watch them, and a CRD's watch cache answers 429 "storage is
+(re)initializing" for a while after the chart installs it, which made a fresh install wait
+out a whole catch-up period (bench.scale saw it at 1,000 and 5,000 nodes)."""
+
+
+def _scheduler_watches(path: str) -> bool:
+    return path.startswith(SCHEDULER_WATCHES)
+
+
 class ObservedClient:
     """The informers' and the Lease's client, reporting failures to ``staleness``.
 
     A failure counts when the apiserver was not there (a transport error, a 5xx, a 429) or,
     for a list or watch, when the watch must start over (a 410, an ``ERROR`` event); a 403,
-    404 or 409 does not, nor does a cancellation. Events of the watch on
+    404 or 409 does not, nor does a cancellation, nor a list or watch of a resource the
+    scheduler does not watch (:data:`SCHEDULER_WATCHES`). Events of the watch on
     ``claims_path`` go to :meth:`SchedulerStaleness.claim_event`.
     """
 
@@ -208,25 +222,28 @@ class ObservedClient:
         try:
             return await self._client.list(path, **params)
         except Exception as e:
-            if _apiserver_trouble(e, gone_counts=True):
+            if _apiserver_trouble(e, gone_counts=True) and _scheduler_watches(path):
                 self._staleness.gap(f"list {path}", e)
             raise
 
     async def watch(self, path: str, resource_version: str, **params: Any) -> AsyncIterator[Obj]:
         events = self._client.watch(path, resource_version, **params)
         claims = path == self._claims_path
+        counts = _scheduler_watches(path)
         try:
             async for event in events:
                 kind = event.get("type") if isinstance(event, dict) else None
                 if kind is None:
                     pass  # not an event the informer can use: it skips it
                 elif kind == "ERROR":
-                    self._staleness.gap(f"watch {path}", RuntimeError(str(event.get("object"))))
+                    if counts:
+                        error = RuntimeError(str(event.get("object")))
+                        self._staleness.gap(f"watch {path}", error)
                 elif claims:
                     self._staleness.claim_event(kind, event.get("object"))
                 yield event
         except Exception as e:
-            if _apiserver_trouble(e, gone_counts=True):
+            if _apiserver_trouble(e, gone_counts=True) and counts:
                 self._staleness.gap(f"watch {path}", e)
             raise
         finally:

@@ -15,8 +15,16 @@ with the search in a child process (2-CPU dev VM). So allocations run in a child
   :data:`KILL_GRACE` (a selector stuck in C, a CEL worker timing out repeatedly) is
   killed, and the next job starts a new one.
 * **Slices**: the child keeps the :class:`~dradriver.allocator.Allocator` of the last
-  snapshot it was sent (with its selector-result cache); a job sends the ResourceSlices
-  and DeviceClasses again only when their generation changed or the child is new.
+  snapshot it was sent (with its selector-result cache). When the snapshot's generation
+  changes, a job carries a :class:`~controller.claims.slicesync.SliceDelta`: the slices
+  that changed since the child's copy (another object with another ``resourceVersion``),
+  the names of those gone, and the DeviceClasses; a new child gets every slice. The
+  child rebuilds its inventory over a :class:`~dradriver.allocator.inventory.PoolCache`,
+  so one node's slice change re-sends and re-indexes that node's pool, not 5,000 (at
+  40,000 devices a full rebuild cost 1.45 s in the child and 3.2 MiB on the pipe).
+* **Nodes**: likewise, the child keeps the candidate nodes it was last sent; a batch sends
+  them again only when the parent's tuple is another object (the parent makes a new one
+  only when a node's name or labels change: not for every status update).
 * **Holdings**: the child keeps its copy of what is allocated; a job carries a snapshot
   of the controller's (:meth:`~dradriver.allocator.AllocatedState.snapshot`), and only
   the claims whose entries changed since the child's copy go over the pipe. (Sending the
@@ -39,10 +47,10 @@ with the search in a child process (2-CPU dev VM). So allocations run in a child
 The process handling is :class:`dradriver.runtime.childworker.ChildWorker`'s. Protocol
 (:data:`~dradriver.runtime.childworker.PICKLE_FRAMES`) on the child's stdin and (a
 duplicate of) its stdout: frames of an 8-byte big-endian length and a pickle. The
-parent sends ``(inventory or None, changed, removed, jobs)`` (the holdings' changes, a
-list of jobs); the child answers a list of :class:`AllocationAnswer` s, one per job,
-after a first ``("ready", pid)``. The child evaluates callback selectors through
-:mod:`dradriver.cel.worker` as any allocator does.
+parent sends ``(slice delta or None, nodes or None, changed, removed, jobs, turn)`` (the
+holdings' changes, a list of jobs); the child answers a list of
+:class:`AllocationAnswer` s, one per job, after a first ``("ready", pid)``. The child
+evaluates callback selectors through :mod:`dradriver.cel.worker` as any allocator does.
 """
 
 from __future__ import annotations
@@ -57,6 +65,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Any
 
+from controller.claims.slicesync import SliceDelta, SliceSnapshot
 from dradriver.allocator import (
     AllocatedState,
     Allocator,
@@ -67,6 +76,7 @@ from dradriver.allocator import (
     explain,
     summarize,
 )
+from dradriver.allocator.inventory import PoolCache
 from dradriver.allocator.outcome import OUT_OF_TIME
 from dradriver.k8s.objects import Obj
 from dradriver.log import get_logger
@@ -87,7 +97,6 @@ __all__ = [
     "AllocationJob",
     "AllocationStats",
     "AllocationWorker",
-    "SliceSnapshot",
     "main",
     "run_batch",
     "run_job",
@@ -104,15 +113,6 @@ TURN_ENDED = "turn"
 NOT_RUN = "not-run"
 """``exhausted`` of a job not started: its batch's turn had ended."""
 _CHILD = "from controller.claims.worker import main; main()"
-
-
-@dataclass(frozen=True)
-class SliceSnapshot:
-    """The ResourceSlices and DeviceClasses to allocate from; ``generation`` names them."""
-
-    generation: int
-    slices: tuple[Obj, ...]
-    classes: tuple[Obj, ...]
 
 
 @dataclass(frozen=True)
@@ -153,7 +153,9 @@ class AllocationStats(WorkerStats):
     """``kills``: over budget, cancelled, or broken."""
 
     jobs: int = 0
-    inventories_sent: int = 0
+    inventories_sent: int = 0  # round trips that sent a slice delta
+    slices_sent: int = 0  # slices in those deltas
+    nodes_sent: int = 0  # round trips that sent the candidate nodes
     batches: int = 0  # round trips (a batch of one or more jobs each)
 
 
@@ -203,6 +205,8 @@ class AllocationWorker:
         )
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="allocation-worker")
         self._generation: int | None = None  # the inventory the child holds
+        self._slices: dict[str, Obj] = {}  # its slices, by name
+        self._nodes: tuple[NodeInfo, ...] | None = None  # the nodes the child holds
         self._holdings: Mapping[str, tuple[Held, ...]] = {}  # the child's copy of them
 
     @property
@@ -218,7 +222,7 @@ class AllocationWorker:
         self, jobs: Sequence[AllocationJob], inventory: SliceSnapshot, turn: float | None = None
     ) -> list[AllocationAnswer]:
         """One answer per job, in order (module docstring, *Batches*, *Turns*); the jobs
-        share the first one's holdings. A failure or an overrun answers every job."""
+        share the first one's holdings and nodes. A failure or an overrun answers every job."""
         loop = asyncio.get_running_loop()
         abandoned = threading.Event()
         future = loop.run_in_executor(
@@ -233,8 +237,9 @@ class AllocationWorker:
             raise
 
     async def start(self) -> None:
-        """Start the child now (when leadership is won) rather than at the first job; a
-        child that fails to start is logged, and the first job tries again."""
+        """Start the child now (the fresh lane's, when leadership is won) rather than at
+        the first job; a child that fails to start is logged, and the first job tries
+        again."""
         loop = asyncio.get_running_loop()
         try:
             await loop.run_in_executor(self._executor, self._start)
@@ -256,7 +261,7 @@ class AllocationWorker:
     def _start(self) -> None:
         try:
             if self._child.ensure_started():
-                self._generation, self._holdings = None, {}
+                self._forget()
         except WorkerError:
             self._stop(kill=True)
             raise
@@ -281,7 +286,7 @@ class AllocationWorker:
             budget = min(budget, turn)
         try:
             if self._child.ensure_started():
-                self._generation, self._holdings = None, {}
+                self._forget()
             if abandoned.is_set():  # cancelled meanwhile
                 return every(AllocationAnswer(None, "abandoned"))
             reply = self._exchange(jobs, inventory, turn, budget + self.grace)
@@ -320,23 +325,36 @@ class AllocationWorker:
         timeout: float,
     ) -> Any:
         """Send the jobs with what the child lacks (module docstring); its reply."""
-        send = inventory if self._generation != inventory.generation else None
+        send = None
+        if self._generation != inventory.generation:
+            send = SliceDelta.between(self._slices, inventory)
+        nodes = jobs[0].nodes
+        send_nodes = nodes if nodes is not self._nodes else None
         base = self._holdings
         holdings = jobs[0].holdings
         changed = {k: v for k, v in holdings.items() if base.get(k) is not v}
         removed = [k for k in base if k not in holdings]
-        bare = [replace(job, holdings={}) for job in jobs]
-        self._child.send((send, changed, removed, bare, turn))
+        bare = [replace(job, holdings={}, nodes=()) for job in jobs]
+        self._child.send((send, send_nodes, changed, removed, bare, turn))
         self._holdings = holdings
+        if send_nodes is not None:
+            self.stats.nodes_sent += 1
+            self._nodes = nodes
         if send is not None:
             self.stats.inventories_sent += 1
+            self.stats.slices_sent += len(send.changed)
             self._generation = inventory.generation
+            self._slices = inventory.by_name
         return self._child.receive(timeout)
 
     def _stop(self, kill: bool) -> None:
         self._child.stop(kill)
-        self._generation = None
-        self._holdings = {}
+        self._forget()
+
+    def _forget(self) -> None:
+        """A new (or no) child: it holds nothing yet."""
+        self._generation, self._nodes, self._holdings = None, None, {}
+        self._slices = {}
 
 
 def main() -> None:
@@ -345,12 +363,19 @@ def main() -> None:
     end.send(("ready", os.getpid()))
     allocator: Allocator | None = None
     state = AllocatedState()
+    nodes: tuple[NodeInfo, ...] = ()
+    slices: dict[str, Obj] = {}
+    pools = PoolCache()
     for payload in end.requests():
-        inventory, changed, removed, jobs, turn = PICKLE_FRAMES.decode(payload)
+        delta, sent_nodes, changed, removed, jobs, turn = PICKLE_FRAMES.decode(payload)
         state.update(changed, removed)
+        if sent_nodes is not None:
+            nodes = sent_nodes  # kept: one object, so the allocator's node order is too
+        jobs = [replace(job, nodes=nodes) for job in jobs]
         try:
-            if inventory is not None:
-                allocator = Allocator(SliceInventory(inventory.slices, inventory.classes))
+            if delta is not None:
+                delta.apply(slices)
+                allocator = Allocator(SliceInventory(slices.values(), delta.classes, pools=pools))
             if allocator is None:
                 raise RuntimeError("no inventory was sent")
             answers = run_batch(allocator, state, jobs, turn)
@@ -390,7 +415,7 @@ def run_batch(
             if answer.allocation is not None:
                 key = claim_key(job.claim)
                 if key not in before:
-                    before[key] = state.snapshot().get(key)
+                    before[key] = state.held_by(key)
                 state.add(key, answer.allocation)
     finally:
         for key, held in before.items():

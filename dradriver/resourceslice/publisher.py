@@ -44,7 +44,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from dradriver.k8s.objects import Obj
+from dradriver.k8s.objects import Obj, name_of
 from dradriver.k8s.paths import RESOURCE_V1, path_for
 from dradriver.log import get_logger
 from dradriver.resourceslice.builder import build_slices, same_slice, slice_layout, slices_equal
@@ -170,10 +170,6 @@ def _rv(obj: Obj) -> int | None:
         return None  # not an integer: trust the cache
 
 
-def _name(obj: Obj) -> str:
-    return str((obj.get("metadata") or {}).get("name", ""))
-
-
 def _pool_of(obj: Obj) -> str:
     return str(((obj.get("spec") or {}).get("pool") or {}).get("name", ""))
 
@@ -197,18 +193,18 @@ class _OwnWrites:
     def wrote(self, obj: Obj) -> None:
         rv = _rv(obj)
         if rv is not None:
-            self._by_name[_name(obj)] = (rv, obj, time.monotonic())
+            self._by_name[name_of(obj)] = (rv, obj, time.monotonic())
 
     def deleted(self, obj: Obj) -> None:
         rv = _rv(obj)
         if rv is not None:
-            self._by_name[_name(obj)] = (rv, None, time.monotonic())
+            self._by_name[name_of(obj)] = (rv, None, time.monotonic())
 
     def seen(self, obj: Obj) -> None:
-        entry = self._by_name.get(_name(obj))
+        entry = self._by_name.get(name_of(obj))
         rv = _rv(obj)
         if entry is not None and rv is not None and rv >= entry[0]:
-            del self._by_name[_name(obj)]
+            del self._by_name[name_of(obj)]
 
     def overlay(self, cached: dict[str, Obj]) -> dict[str, Obj]:
         now = time.monotonic()
@@ -317,14 +313,14 @@ class SlicePublisher:
             self._enqueue(_pool_of(obj))
 
     def _existing(self, pool: str) -> dict[str, Obj]:
-        cached = {_name(s): s for s in self.slices.items() if self.manages(s)}
+        cached = {name_of(s): s for s in self.slices.items() if self.manages(s)}
         return {n: s for n, s in self._own.overlay(cached).items() if _pool_of(s) == pool}
 
     def _as_wanted(self, desired: Obj, existing: Obj) -> bool:
         if same_slice(desired, existing):
             return True
         # The apiserver cannot keep more of this slice than it did last time.
-        stored = self._stored.get(_name(desired))
+        stored = self._stored.get(name_of(desired))
         return (
             stored is not None
             and same_slice(desired, stored[0])
@@ -360,7 +356,7 @@ class SlicePublisher:
 
         uid = await self._owner_uid(pool)
         generation = max((_generation(s) for s in existing.values()), default=0)
-        want = {_name(s): s for s in build_slices(pool, generation, uid)}
+        want = {name_of(s): s for s in build_slices(pool, generation, uid)}
         stale = [
             n
             for n, s in want.items()
@@ -378,7 +374,7 @@ class SlicePublisher:
         )
         if not in_place or pool.min_generation > generation:
             generation = max(generation + 1, pool.min_generation)
-            want = {_name(s): s for s in build_slices(pool, generation, uid)}
+            want = {name_of(s): s for s in build_slices(pool, generation, uid)}
             stale = list(want)
         writes = 0
         dropped: list[str] = []
@@ -404,7 +400,7 @@ class SlicePublisher:
     async def _write(self, pool: str, obj: Obj, current: Obj | None) -> str | None:
         if self.before_write is not None:
             self.before_write(pool)
-        name = _name(obj)
+        name = name_of(obj)
         if current is not None:
             obj["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
             returned = await self.client.replace(
@@ -425,10 +421,10 @@ class SlicePublisher:
     async def _delete(self, pool: str, obj: Obj) -> None:
         if self.before_write is not None:
             self.before_write(pool)
-        await self.client.delete(path_for(RESOURCE_V1, "resourceslices", name=_name(obj)))
+        await self.client.delete(path_for(RESOURCE_V1, "resourceslices", name=name_of(obj)))
         self._count_write()
         self._own.deleted(obj)
-        self._stored.pop(_name(obj), None)
+        self._stored.pop(name_of(obj), None)
 
     def _count_write(self) -> None:
         self.writes += 1

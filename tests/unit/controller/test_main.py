@@ -15,7 +15,8 @@ from controller.app import (
     Options,
     allocation_workers,
 )
-from controller.claims.worker import START_TIMEOUT
+from controller.claims.slicesync import SliceSnapshot
+from controller.claims.worker import START_TIMEOUT, AllocationJob
 from controller.main import build_parser, main, options_from
 from dradriver.k8s.client import KubeClient
 from dradriver.runtime import LeaderElectionConfig, LeaderElector
@@ -124,10 +125,11 @@ def test_every_cache_retries_a_failed_list_or_watch_within_a_second() -> None:
     asyncio.run(scenario())
 
 
-def test_the_allocation_workers_start_when_leadership_is_won_before_any_claim() -> None:
-    """A replica that wins the Lease starts its allocation worker processes at once: the
-    first claim does not wait for a child to start (about 0.5 s). No claim exists here
-    (the informers are never started), so only the leadership can have started them."""
+def test_the_fresh_lanes_worker_starts_when_leadership_is_won_the_slow_lanes_when_needed() -> None:
+    """A replica that wins the Lease starts the fresh lane's allocation worker process at
+    once: the first claim does not wait for a child to start (about 0.5 s). No claim exists
+    here (the informers are never started), so only the leadership can have started it.
+    The slow lane's child starts with its first job, at a lower CPU priority (nice +10)."""
 
     async def scenario() -> None:
         app = ControllerApp(Options(driver_name="dradriver.dev", allocation_workers=2), _NoServer())
@@ -136,21 +138,25 @@ def test_the_allocation_workers_start_when_leadership_is_won_before_any_claim() 
             "ns", "lease", "me", lease_duration=LEASE, renew_deadline=RENEW, retry_period=RETRY
         )
         app.elector = LeaderElector(store.client(), config, app._lead)
-        assert [w.pid for w in app.allocation_workers] == [None, None]
+        fresh_worker, slow_worker = app.allocation_workers
+        assert (fresh_worker.pid, slow_worker.pid) == (None, None)
         electing = asyncio.create_task(app.elector.run())
         try:
             await eventually("leadership", lambda: app.is_leader())
             await eventually(
-                "both allocation workers' children",
-                lambda: all(w.pid is not None for w in app.allocation_workers),
-                START_TIMEOUT,
+                "the fresh lane's child", lambda: fresh_worker.pid is not None, START_TIMEOUT
             )
-            for w in app.allocation_workers:
-                assert w.pid is not None and w.pid != os.getpid()
-                os.kill(w.pid, 0)  # alive
-            # The slow lane's child runs at a lower CPU priority (nice +10).
-            fresh, slow = (w.pid for w in app.allocation_workers)
-            assert fresh is not None and slow is not None
+            fresh = fresh_worker.pid
+            assert fresh is not None and fresh != os.getpid()
+            os.kill(fresh, 0)  # alive
+            assert slow_worker.pid is None  # nothing was slow
+            assert app.claims.items() == []
+            assert fresh_worker.stats.jobs == 0
+            # The slow lane's first job starts its child, at nice +10.
+            claim = {"metadata": {"name": "c", "namespace": "ns"}, "spec": {"devices": {}}}
+            await slow_worker.allocate(AllocationJob(claim, {}, (), 5.0), SliceSnapshot(1, (), ()))
+            slow = slow_worker.pid
+            assert slow is not None and slow != fresh
             mine = os.getpriority(os.PRIO_PROCESS, 0)
             await eventually(  # the child lowers its priority first thing as it starts
                 "the slow lane's child at nice +10",
@@ -158,8 +164,6 @@ def test_the_allocation_workers_start_when_leadership_is_won_before_any_claim() 
                 START_TIMEOUT,
             )
             assert os.getpriority(os.PRIO_PROCESS, fresh) == mine
-            assert app.claims.items() == []
-            assert sum(w.stats.jobs for w in app.allocation_workers) == 0
         finally:
             electing.cancel()
             with contextlib.suppress(asyncio.CancelledError):

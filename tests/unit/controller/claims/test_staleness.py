@@ -242,6 +242,32 @@ def test_a_failed_list_counts_unless_the_apiserver_answered_for_itself(
     run(scenario())
 
 
+@pytest.mark.parametrize(
+    ("path", "counts"),
+    [
+        ("/apis/resource.k8s.io/v1/resourceslices", True),
+        ("/api/v1/nodes", True),
+        ("/apis/dradriver.dev/v1alpha1/deviceclaimparameters", False),
+        ("/apis/dradriver.dev/v1alpha1/networkdevicepools", False),
+    ],
+)
+def test_only_what_the_scheduler_watches_counts(path: str, counts: bool) -> None:
+    """A CRD's watch cache answers 429 while it (re)initialises, after the chart installs
+    it: that says nothing about what kube-scheduler saw, and must not hold allocations."""
+
+    async def scenario() -> None:
+        initialising = KubeAPIError("WATCH", path, 429, {"message": "storage is (re)initializing"})
+        client = Scripted()
+        client.list_error = initialising
+        s = SchedulerStaleness(CATCHUP)
+        observed = ObservedClient(client, s, CLAIMS)
+        with pytest.raises(KubeAPIError):
+            await observed.list(path)
+        assert (s.remaining() > 0) is counts
+
+    run(scenario())
+
+
 def test_lease_conflicts_are_no_gap_but_an_unreachable_apiserver_is() -> None:
     async def scenario() -> None:
         client = Scripted()

@@ -15,12 +15,12 @@ import pytest
 from controller.claims.context import ClaimContext, ClaimSettings, ClaimSources
 from controller.claims.reconciler import ClaimReconciler
 from controller.claims.scheduler import SchedulerActivity
+from controller.claims.slicesync import SliceDelta, SliceSnapshot
 from controller.claims.worker import (
     NOT_RUN,
     TURN_ENDED,
     AllocationJob,
     AllocationWorker,
-    SliceSnapshot,
 )
 from dradriver.allocator import AllocatedState, node_info
 from dradriver.api.wellknown import ALLOCATION_ANNOTATION, FINALIZER, STATUS_ANNOTATION
@@ -147,6 +147,74 @@ def test_allocates_in_a_child_that_keeps_its_inventory(worker: AllocationWorker)
         answer = await worker.allocate(job(pathological(count=3)), changed)
         assert answer.allocation is None
         assert "needs 3 device(s) usable from one node" in answer.message
+
+    run(scenario())
+
+
+def test_a_slice_change_sends_that_slice_alone(worker: AllocationWorker) -> None:
+    """A snapshot that differs in one slice sends that slice; one without a slice sends
+    its name; what the child allocates from follows both."""
+
+    async def scenario() -> None:
+        base = list(slices(per_node=2))
+        answer = await worker.allocate(
+            job(pathological(count=2)), SliceSnapshot(100, tuple(base), (GPU,))
+        )
+        assert answer.allocation is not None
+        sent = worker.stats.slices_sent
+        # node-1's slice is replaced by one with a third device: only it travels.
+        base[0] = node_slice("node-1", [device(f"dev-{i}", {"group": i}) for i in range(3)])
+        answer = await worker.allocate(
+            job(pathological(count=3)), SliceSnapshot(101, tuple(base), (GPU,))
+        )
+        assert answer.allocation is not None
+        assert devices_of(answer.allocation) == [("node-1", f"dev-{i}") for i in range(3)]
+        assert worker.stats.slices_sent == sent + 1
+        # The same slices again in new objects of the same resourceVersion: none travels.
+        versioned = [
+            {**s, "metadata": {**s["metadata"], "resourceVersion": str(k)}}
+            for k, s in enumerate(base)
+        ]
+        await worker.allocate(
+            job(pathological(count=2)), SliceSnapshot(102, tuple(versioned), (GPU,))
+        )
+        assert worker.stats.slices_sent == sent + 1 + len(base)
+        copies = [{**s, "metadata": dict(s["metadata"])} for s in versioned]
+        await worker.allocate(job(pathological(count=2)), SliceSnapshot(103, tuple(copies), (GPU,)))
+        assert worker.stats.slices_sent == sent + 1 + len(base)
+        # node-1's slice is gone: its devices with it.
+        answer = await worker.allocate(
+            job(pathological(count=3)), SliceSnapshot(104, tuple(copies[1:]), (GPU,))
+        )
+        assert answer.allocation is None
+        assert worker.stats.slices_sent == sent + 1 + len(base)
+
+    run(scenario())
+
+
+def test_the_child_keeps_the_nodes_until_it_is_sent_other_ones(
+    worker: AllocationWorker,
+) -> None:
+    """One tuple of nodes is sent once; another tuple (a node gone) replaces it."""
+
+    async def scenario() -> None:
+        both = tuple(node_info(n) for n in NODES)
+        second = both[1:]
+        state = AllocatedState()
+        sent = worker.stats.nodes_sent
+        for _ in range(2):
+            answer = await worker.allocate(
+                AllocationJob.of(pathological(count=1), state, both, 60.0), INVENTORY
+            )
+            assert answer.allocation is not None
+            assert devices_of(answer.allocation)[0][0] == "node-1"
+        assert worker.stats.nodes_sent == sent + 1
+        answer = await worker.allocate(
+            AllocationJob.of(pathological(count=1), state, second, 60.0), INVENTORY
+        )
+        assert answer.allocation is not None
+        assert devices_of(answer.allocation)[0][0] == second[0].name != "node-1"
+        assert worker.stats.nodes_sent == sent + 2
 
     run(scenario())
 
@@ -364,3 +432,27 @@ def test_a_device_taken_during_the_search_is_not_written() -> None:
             await worker.close()
 
     run(scenario())
+
+
+def test_a_slice_delta_carries_what_the_childs_copy_lacks() -> None:
+    def sl(name: str, version: str = "") -> Obj:
+        meta = {"name": name, **({"resourceVersion": version} if version else {})}
+        return {"metadata": meta, "spec": {}}
+
+    same, unversioned = sl("a", "1"), sl("u")
+    child = {
+        "a": same,
+        "b": sl("b", "7"),
+        "c": sl("c", "8"),
+        "gone": sl("gone", "9"),
+        "u": unversioned,
+    }
+    snapshot = SliceSnapshot(5, (same, sl("b", "7"), sl("c", "9"), sl("d", "1"), sl("u")), (GPU,))
+    delta = SliceDelta.between(child, snapshot)
+    assert [s["metadata"]["name"] for s in delta.changed] == ["c", "d", "u"]
+    assert delta.removed == ("gone",) and not delta.reset
+    delta.apply(child)
+    assert sorted(child) == ["a", "b", "c", "d", "u"]
+    assert child["a"] is same and child["c"]["metadata"]["resourceVersion"] == "9"
+    first = SliceDelta.between({}, snapshot)
+    assert first.reset and len(first.changed) == 5
