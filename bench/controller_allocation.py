@@ -281,9 +281,8 @@ def now_micro() -> str:
 def create_node(api: AdminAPI, pods: int) -> None:
     """A Ready Node without a kubelet, room for ``pods`` pods, and its Lease."""
     api.create("/api/v1/nodes", {"metadata": {"name": NODE, "labels": {"bench": "ca"}}})
-    node = api.get(path_for("v1", "nodes", name=NODE))
     room = {"cpu": "1000", "memory": "1000Gi", "pods": str(pods)}
-    node["status"] = {
+    status = {
         "capacity": room,
         "allocatable": room,
         "conditions": [
@@ -297,7 +296,9 @@ def create_node(api: AdminAPI, pods: int) -> None:
             }
         ],
     }
-    api.replace(path_for("v1", "nodes", name=NODE) + "/status", node)
+    # A merge patch, as bench.torture's nodes: no resourceVersion to lose to the node
+    # controllers, which write the new Node too (a PUT of the read Node got a 409 once).
+    api.merge_patch(path_for("v1", "nodes", name=NODE) + "/status", {"status": status})
     api.create(
         path_for("coordination.k8s.io/v1", "leases", "kube-node-lease"),
         {

@@ -31,6 +31,9 @@ neither the shared cluster nor its lock, and stops it at the end. On it:
 
 At the end: tables per figure across N, and each figure's growth exponent b of a
 least-squares fit ``figure ~ N^b`` (needs two or more N): per-claim time is 1 / claims/s.
+With ``--results FILE`` (default: ``$BENCH_SCALE_RESULTS``, which ``make bench`` sets),
+the rates and RSS per (N, C) are also written there as ``bench.plots``' results shape,
+for the scale plot of docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -38,6 +41,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
+import os
 import shutil
 import tempfile
 import time
@@ -62,7 +67,7 @@ from bench.scale_phases import (
     template,
     workdir_of,
 )
-from bench.scale_report import Size, print_report
+from bench.scale_report import Size, print_report, results_points
 from devtools.cluster import kwok
 from devtools.cluster.api import AdminAPI
 from devtools.cluster.kwokpools import DEVICES_PER_NODE
@@ -172,7 +177,7 @@ def run_size(n: int, args: argparse.Namespace) -> Size:
             size.network = network_phase(api, make, kwok.LABEL, args.network_devices, tag)
         ok = True
     finally:
-        if ok:
+        if ok and not args.keep:
             shutil.rmtree(work, ignore_errors=True)
         else:
             print(f"kept {work} (controller logs, cluster logs in cluster-last-logs/)")
@@ -207,13 +212,37 @@ def main(argv: Sequence[str] | None = None) -> None:
         help="sample the controller with py-spy ($PY_SPY or on PATH) while it allocates "
         "at the largest N and C",
     )
+    parser.add_argument(
+        "--keep", action="store_true", help="keep each size's work dir (logs) after a success"
+    )
+    parser.add_argument(
+        "--results",
+        type=Path,
+        default=os.environ.get("BENCH_SCALE_RESULTS") or None,
+        help="write the rates and RSS per (N, C) there, as bench.plots reads them",
+    )
     args = parser.parse_args(argv)
-    sizes = []
-    for n in args.nodes:
-        started = time.monotonic()
-        sizes.append(run_size(n, args))
-        print(f"N={n}: done in {time.monotonic() - started:.0f} s", flush=True)
-    print_report(sizes, args.claims)
+    sizes: list[Size] = []
+    try:
+        for n in args.nodes:
+            started = time.monotonic()
+            sizes.append(run_size(n, args))
+            print(f"N={n}: done in {time.monotonic() - started:.0f} s", flush=True)
+    finally:
+        if sizes:  # a size that broke still leaves the tables of those before it
+            print_report(sizes, args.claims)
+            if args.results is not None:
+                write_results(args.results, sizes)
+
+
+def write_results(path: Path, sizes: Sequence[Size]) -> None:
+    """The results file of ``--results`` (``bench.plots``' shape, version 1)."""
+    measured = (
+        f"bench.scale on {time.strftime('%Y-%m-%d', time.gmtime())}, "
+        f"N = {', '.join(str(s.nodes) for s in sizes)}"
+    )
+    body = {"version": 1, "measured": measured, "scale": results_points(sizes)}
+    path.write_text(json.dumps(body, indent=2) + "\n")
 
 
 if __name__ == "__main__":

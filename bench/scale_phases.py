@@ -231,6 +231,21 @@ async def measure_pods(
     return sent, seen
 
 
+async def delete_pods(kubeconfig: str, namespace: str, names: list[str]) -> None:
+    """Delete the pods ``names`` at once (grace period 0), CONCURRENCY at a time."""
+    client = KubeClient(load_connection(kubeconfig), "bench-scale-pods")
+    gate = asyncio.Semaphore(CONCURRENCY)
+
+    async def one(name: str) -> None:
+        async with gate:
+            await client.delete(path_for("v1", "pods", namespace, name), gracePeriodSeconds=0)
+
+    try:
+        await asyncio.gather(*(one(name) for name in names))
+    finally:
+        await client.aclose()
+
+
 def _empty(api: AdminAPI, collection: str) -> bool:
     return not api.items(collection, limit=1)
 
@@ -250,15 +265,9 @@ def scheduler_phase(
         rss_mib(sched_pid),
         tree_rss_mib(sched_pid),
     )
-    # The admin connection sat idle through the phase: the server may have closed it.
-    wait_until(
-        "pods deletecollection sent",
-        lambda: api.request(
-            "DELETE", path_for("v1", "pods", namespace), params={"gracePeriodSeconds": 0}
-        ),
-        60,
-        ignore=(TransportError,),
-    )
+    # One DELETE per pod, CONCURRENCY at a time: a deletecollection of thousands of pods
+    # outlasts the client's read timeout (and each retry starts it again).
+    asyncio.run(delete_pods(kubeconfig, namespace, sorted(sent)))
     for what, group, plural in (("pods", "v1", "pods"), ("claims", R, "resourceclaims")):
         collection = path_for(group, plural, namespace)
         wait_until(

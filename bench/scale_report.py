@@ -257,3 +257,25 @@ def print_report(sizes: Sequence[Size], claims: Sequence[int]) -> None:
         "restart: where DRADeviceBindingConditions is off (1.34), the apiserver drops the "
         "devices' binding fields and a new controller rewrites each slice once."
     )
+
+
+def results_points(sizes: Sequence[Size]) -> list[dict[str, float | int]]:
+    """One point per (N, C) run by both sides, in the shape of ``bench.plots``' ``scale``
+    list (its ``ScalePoint``): rates and the allocating processes' RSS after the phase."""
+    points: list[dict[str, float | int]] = []
+    for s in sizes:
+        for c, ctrl in sorted(s.controller.items()):
+            sched = s.scheduler.get(c)
+            if sched is None:
+                continue
+            points.append(
+                {
+                    "nodes": s.nodes,
+                    "claims": c,
+                    "controller_per_s": round(ctrl.result.rate, 1),
+                    "scheduler_per_s": round(sched.rate, 1),
+                    "controller_rss_mib": round(ctrl.result.rss_after),
+                    "scheduler_rss_mib": round(sched.rss_after),
+                }
+            )
+    return points
