@@ -104,7 +104,7 @@ from dradriver.kubeletapi.gen import deviceplugin_v1beta1_pb2_grpc as dp_grpc
 
 SMOKE_ARGS = ("--quick",)
 CLUSTER = "own"  # an isolated cluster of its own (bench/__init__.py)
-OWN_SMOKE_TEST = "tests/cluster/test_bench_faults.py"  # checks the zeros too
+OWN_SMOKE_TEST = "tests/isolated/test_bench_faults.py"  # checks the zeros too
 
 DRIVER = "dradriver.dev"  # the cluster is the suite's own: the CRDs' group is this name
 OTHER_CLASS = "gpu.other-vendor.example.com"

@@ -1,4 +1,6 @@
-"""Test tiers: ``unit``, ``grpc``, ``fuzz``, ``chart`` and ``cluster``, marked by directory.
+"""Test tiers: ``unit``, ``grpc``, ``fuzz``, ``chart``, ``cluster`` and ``isolated``, marked by
+directory. ``isolated`` tests start clusters of their own on free ports (never the shared
+one), so ``make test`` runs them beside the other tiers.
 
 The fuzz tier's hypothesis tests take the ``fuzz`` profile registered here as
 their parent settings: derandomized (every run tries the same examples, so a
@@ -39,7 +41,7 @@ from devtools.cluster.config import (
 )
 from devtools.cluster.local import LocalCluster, running_cluster
 
-TIERS = ("unit", "grpc", "fuzz", "chart", "cluster")
+TIERS = ("unit", "grpc", "fuzz", "chart", "cluster", "isolated")
 UNIT_DIRS = ("devtools", "bench")  # tests of the dev tooling and the benches' logic: unit tier
 TESTS = Path(__file__).resolve().parent
 

@@ -2,8 +2,8 @@
 each must finish and print its tables. No timing is checked.
 
 ``shared`` ones reuse the session cluster (its runtime passed on, see
-``bench.common.shared_layout``); ``own`` ones start an isolated cluster on free ports;
-``exclusive`` ones need the usual ports and run only when no local cluster is running.
+``bench.common.shared_layout``); ``exclusive`` ones need the usual ports and run only when
+no local cluster is running; ``own`` ones, on isolated clusters, are in tests/isolated/.
 """
 
 from __future__ import annotations
@@ -33,11 +33,6 @@ def test_smoke_on_the_session_cluster(b: Bench, local_cluster: LocalCluster) -> 
     state = local_cluster.state()
     assert state is not None
     check(b, {"DRADRIVER_RUNTIME": state.runtime})
-
-
-@pytest.mark.parametrize("b", benches("own"), ids=lambda b: b.name)
-def test_smoke_on_a_cluster_of_its_own(b: Bench) -> None:
-    check(b)
 
 
 @pytest.mark.parametrize("b", benches("exclusive"), ids=lambda b: b.name)
