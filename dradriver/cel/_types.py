@@ -21,6 +21,7 @@ time (Go has no such constructors).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
@@ -73,6 +74,11 @@ QuantityMessage: type[Message] = message_factory.GetMessageClass(
 SemverMessage: type[Message] = message_factory.GetMessageClass(
     POOL.FindMessageTypeByName(SEMVER_TYPE)
 )
+# The generated classes take their fields as keywords; the stubs' ``Message`` declares no
+# such keywords (types-protobuf 7.35.1.20261122 and later), so the constructors are called
+# through these, typed by what they return.
+_new_quantity: Callable[..., Message] = QuantityMessage
+_new_semver: Callable[..., Message] = SemverMessage
 
 
 _COMPLEMENT = str.maketrans("0123456789", "9876543210")
@@ -108,7 +114,7 @@ def semver_key(version: Semver) -> str:
 
 
 def quantity_message(nanos: int) -> Message:
-    return QuantityMessage(nanos=str(nanos), key=quantity_key(nanos))
+    return _new_quantity(nanos=str(nanos), key=quantity_key(nanos))
 
 
 def quantity_nanos(message: Any) -> int:
@@ -116,7 +122,7 @@ def quantity_nanos(message: Any) -> int:
 
 
 def semver_message(version: Semver) -> Message:
-    return SemverMessage(
+    return _new_semver(
         major=version.major,
         minor=version.minor,
         patch=version.patch,
