@@ -325,14 +325,25 @@ def test_host_profiles_served_by_the_unprivileged_plugin(
     values.write_text(yaml.safe_dump({"kubeletPlugin": {"config": config}}))
     release.upgrade("--values", str(values))
     wait_until("the kvm device published", lambda: "kvm" in published_devices(api), DEADLINE)
-    wait_until("one Ready plugin pod", lambda: len(ready_pods(api, PLUGIN)) == 1, DEADLINE)
-    (plugin,) = ready_pods(api, PLUGIN)
+
+    def rolled() -> list[Obj]:
+        # The DaemonSet surges: the old pod (no /dev mount) stays Ready until the new one
+        # is, so "one Ready pod" alone may still be the old one. The roll is over when one
+        # pod is left and it is Ready (not being deleted).
+        left = pods(api, PLUGIN)
+        return left if len(left) == 1 and is_ready(left[0]) else []
+
+    (plugin,) = wait_until("the plugin DaemonSet rolled to one Ready pod", rolled, DEADLINE)
     container = plugin["spec"]["containers"][0]
     assert container["securityContext"]["privileged"] is False
     assert container["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["MKNOD"]}
     dev = [m for m in container["volumeMounts"] if m["mountPath"] == "/dev"]
     assert [m.get("readOnly") for m in dev] == [True]
-    assert {f"dev-{i}" for i in range(4)} <= published_devices(api)
+    wait_until(
+        "the mock devices published beside kvm",
+        lambda: {"kvm", *(f"dev-{i}" for i in range(4))} <= published_devices(api),
+        DEADLINE,
+    )
 
 
 def test_uninstall_leaves_nothing(release: Release, api: AdminAPI) -> None:
