@@ -183,11 +183,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except GenerationError as exc:
         print(f"kubeletapi: {exc}", file=sys.stderr)
         return 1
+    # Status on stderr, never stdout: `$(make -s helm) install ...` runs whatever the helm
+    # target's prerequisites print on stdout as part of the command.
     if written:
         count = len(proto_sources())
-        print(f"kubeletapi: generated {count} proto files into {GEN_DIR}")
+        print(f"kubeletapi: generated {count} proto files into {GEN_DIR}", file=sys.stderr)
     else:
-        print(f"kubeletapi: {GEN_DIR} is up to date")
+        print(f"kubeletapi: {GEN_DIR} is up to date", file=sys.stderr)
     return 0
 
 
