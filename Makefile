@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: all install protos kube-binaries kube-binaries-all runtime-binaries helm kwok manifests image lint typecheck test test-unit test-grpc test-chart test-cluster test-compat matrix bench demo clean
+.PHONY: all install protos kube-binaries kube-binaries-all runtime-binaries helm kwok manifests image lint typecheck test test-unit test-grpc test-chart test-cluster test-isolated test-compat test-docs-cluster matrix bench docs demo clean
 
 # The releases the compatibility subset runs on besides the primary one
 # (devtools/cluster/binaries.py: PRIMARY_VERSION, SUPPORTED_VERSIONS).
@@ -37,7 +37,8 @@ runtime-binaries: install
 	$(BIN)/python -m devtools.cluster.runtimebin
 
 # helm v3 from the Go module proxy (helmbin/), cached in ~/.cache/dradriver/helm/; prints
-# its path. The chart tests and the README's install commands use it.
+# its path, and nothing else on stdout (its prerequisites print to stderr), so that
+# `$(make -s helm) install ...` in the README and docs/install.md works as pasted.
 helm: install
 	$(BIN)/python -m devtools.cluster.helmbin
 
@@ -71,14 +72,29 @@ typecheck: install
 # other release, one cluster after another (they share the fixed ports). The
 # image is built first, with its progress on the terminal, for
 # tests/cluster/test_image.py and test_helm_chart.py (a cache hit when the wheel's
-# sources are unchanged); helm for tests/chart and test_helm_chart.py.
+# sources are unchanged); helm for tests/chart and test_helm_chart.py. The isolated
+# tier (clusters of their own on free ports: the fault suite, the torture and scale
+# smokes) runs beside the others at a lower CPU priority, its output printed after.
 test: lint typecheck kube-binaries-all runtime-binaries image helm kwok
-	$(BIN)/pytest tests
+	@iso=$$(mktemp); \
+	nice -n 10 $(BIN)/pytest tests/isolated > $$iso 2>&1 & pid=$$!; \
+	$(BIN)/pytest --durations=25 tests --ignore=tests/isolated; main=$$?; \
+	wait $$pid; isolated=$$?; \
+	echo "== tests/isolated (clusters of their own, run beside the tiers above at nice 10)"; \
+	cat $$iso; rm -f $$iso; \
+	test $$main -eq 0 && test $$isolated -eq 0
+	$(MAKE) test-docs-cluster
 	$(MAKE) test-compat
 
+# The README's cluster commands as written (tests/docs/test_runnable_cluster.py): they
+# start and stop the local cluster themselves, so they run after the session's cluster
+# is gone, like the compatibility subset.
+test-docs-cluster: kube-binaries runtime-binaries image helm
+	$(BIN)/pytest -m cluster tests/docs
+
 # The compat-marked cluster tests on each of COMPAT_VERSIONS. They record what
-# they found in tests/cluster/matrix/<version>.json; the README's table must
-# then match (`make matrix` rewrites it).
+# they found in tests/cluster/matrix/<version>.json; the table in docs/compatibility.md
+# must then match (`make matrix` rewrites it).
 test-compat: kube-binaries-all runtime-binaries
 	@set -e; for v in $(COMPAT_VERSIONS); do \
 		echo "== compatibility subset on Kubernetes $$v"; \
@@ -91,6 +107,7 @@ matrix: install
 
 test-unit: install
 	$(BIN)/pytest tests/unit tests/devtools tests/bench
+	$(BIN)/pytest -m unit tests/docs
 
 test-grpc: install
 	$(BIN)/pytest tests/grpc
@@ -101,10 +118,23 @@ test-chart: helm
 test-cluster: kube-binaries runtime-binaries image helm kwok
 	$(BIN)/pytest tests/cluster
 
-# Every benchmark at full size; rewrites the README's performance section (machine, date,
-# versions). Needs the machine to itself (bench/__init__.py, README "Benchmarks").
+test-isolated: kube-binaries runtime-binaries kwok
+	$(BIN)/pytest tests/isolated
+
+# Every benchmark at full size; rewrites the performance section of docs/benchmarks.md
+# (machine, date, versions), then the plots on that page from it (bench/plots.py).
+# Needs the machine to itself (bench/__init__.py, docs/benchmarks.md).
 bench: kube-binaries runtime-binaries kwok
-	$(BIN)/python -m bench --readme README.md
+	BENCH_SCALE_RESULTS=docs/img/bench/scale-recorded.json $(BIN)/python -m bench --readme docs/benchmarks.md
+	$(BIN)/python -m bench.plots docs/benchmarks.md --results docs/img/bench/scale-recorded.json
+
+# The documentation site: regenerate the reference pages and diagrams (devtools/docs/),
+# then build strictly (a warning, a broken link or a page missing from the nav fails)
+# into $(DOCS_SITE), outside the tracked tree. Offline: no fonts or scripts fetched.
+DOCS_SITE ?= build/site
+docs: install
+	$(BIN)/python -m devtools.docs
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir $(DOCS_SITE)
 
 demo: kube-binaries runtime-binaries
 	$(BIN)/dradriver demo

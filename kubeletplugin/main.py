@@ -204,7 +204,8 @@ class Plugin:
             driver_name=self.driver_name,
             inventory=self.inventory,
             ledger=self.ledger,
-            cdi=CDIRegistry(args.cdi_dir, self.driver_name, durable=False),  # see README
+            # Not fsynced: docs/design-decisions.md.
+            cdi=CDIRegistry(args.cdi_dir, self.driver_name, durable=False),
             setup=_hook(config.hooks.setup, "setup"),
             teardown=_hook(config.hooks.teardown, "teardown"),
             metrics=self.metrics,

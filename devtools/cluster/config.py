@@ -125,7 +125,7 @@ class Layout:
     ports: Ports = field(default_factory=Ports)
     nodes: int = 1
     # The runtime of node-1; further nodes always run the fake one, since their
-    # kubelets live in mount namespaces of their own (see the README).
+    # kubelets live in mount namespaces of their own (docs/contributing/local-cluster.md).
     runtime: Runtime = "fake"
 
     def node(self, index: int) -> NodeLayout:

@@ -102,5 +102,10 @@ FORBIDDEN = frozenset(
         # The tests' and the dev harness' HTTP client; the driver's own transport is
         # dradriver/k8s/http.py.
         "httpx",
+        # The documentation site (`make docs`) and the benchmark plots (bench/plots.py).
+        "mkdocs",
+        "mkdocs-material",
+        "pymdown-extensions",
+        "matplotlib",
     }
 )

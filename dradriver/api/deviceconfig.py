@@ -21,8 +21,9 @@ _ENV_NAME = names.C_IDENTIFIER_RE
 
 
 def _profile(value: str) -> str:
-    # The README promises a DNS label, and the value reaches the setup hook (run as root) as
-    # DRADRIVER_PROFILE: the same rule as DeviceClaimParameters' spec.profile.
+    # docs/controller.md and docs/security.md promise a DNS label, and the value reaches
+    # the setup hook (run as root) as DRADRIVER_PROFILE: the same rule as
+    # DeviceClaimParameters' spec.profile.
     return names.validate_dns_label(value, "profile")
 
 

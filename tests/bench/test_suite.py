@@ -18,13 +18,13 @@ def test_every_benchmark_module_is_found_with_its_smoke_arguments() -> None:
     found = {b.name: b for b in discover()}
     modules = {m.name for m in pkgutil.iter_modules(bench.__path__) if not m.name.startswith("_")}
     # fault_*: rows of bench.faults in modules of their own (fault_webhook also runs alone)
-    helpers = {"common", "suite", "faultproxy", "torture_checks"}
+    helpers = {"common", "suite", "faultproxy", "torture_checks", "plots"}
     helpers |= {"scale_phases", "scale_profile", "scale_report"}
     helpers |= {m for m in modules if m.startswith("fault_")} - {"fault_webhook"}
     assert set(found) == modules - helpers  # a module with main() but no SMOKE_ARGS raises
     assert found["controller_allocation"].cluster == "own"
     assert found["scale"].cluster == "own"
-    assert found["faults"].own_smoke_test == "tests/cluster/test_bench_faults.py"
+    assert found["faults"].own_smoke_test == "tests/isolated/test_bench_faults.py"
     assert all(b.smoke_args for b in found.values())
 
 

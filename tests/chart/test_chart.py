@@ -437,7 +437,7 @@ def test_each_class_selects_only_its_devices(
 
 
 def test_examples_do_not_advertise_one_name_both_ways() -> None:
-    """README, manifests/ and the demo: no shim resource name is also a DRA class's."""
+    """README, the docs, manifests/ and the demo: no shim resource name is also a DRA class's."""
     shim_names: set[str] = set()
     dra_names: set[str] = set()
     for path in (REPO / "manifests").rglob("*.yaml"):
@@ -446,9 +446,10 @@ def test_examples_do_not_advertise_one_name_both_ways() -> None:
                 name = doc["spec"].get("extendedResourceName")
                 if name:
                     dra_names.add(name)
-    readme = (REPO / "README.md").read_text()
+    pages = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
+    texts = [p.read_text() for p in pages]
     demo = (REPO / "devtools" / "demo" / "main.py").read_text()
-    for text in (readme, demo):
+    for text in (*texts, demo):
         for line in text.splitlines():
             if "resourceName:" in line and "dradriver.dev/" in line:
                 shim_names.add(line.split("resourceName:")[1].split()[0].strip("'\","))

@@ -1,4 +1,5 @@
-"""The README's version matrix is what the compat tests recorded, and the recorder's rules."""
+"""The compatibility page's version matrix is what the compat tests recorded, and the
+recorder's rules."""
 
 from __future__ import annotations
 
@@ -12,11 +13,17 @@ from devtools.cluster.binaries import SUPPORTED_VERSIONS
 from tests.cluster.conftest import Recorder
 
 
-def test_the_readme_table_is_the_recorded_results() -> None:
-    readme = (paths.REPO / "README.md").read_text()
-    assert matrix.with_table(readme, matrix.render(matrix.load())) == readme, (
-        "the README's version matrix is stale: run `python -m devtools.matrix`"
+def test_the_compatibility_page_table_is_the_recorded_results() -> None:
+    page = matrix.PAGE.read_text()
+    assert matrix.with_table(page, matrix.render(matrix.load())) == page, (
+        "the version matrix in docs/compatibility.md is stale: run `python -m devtools.matrix`"
     )
+
+
+def test_the_matrix_page_is_in_the_docs_and_the_readme_links_to_it() -> None:
+    assert matrix.PAGE == paths.REPO / "docs" / "compatibility.md"
+    assert "compatibility.md" in (paths.REPO / "mkdocs.yml").read_text()
+    assert matrix.BEGIN not in (paths.REPO / "README.md").read_text()
 
 
 def test_every_supported_release_has_recorded_results() -> None:

@@ -74,7 +74,7 @@ cluster): the in-cluster client reads KUBERNETES_SERVICE_HOST/PORT.
 
 {{/*
 What the node plugin's configuration needs from the host, as JSON (the DaemonSet reads
-it; README "Node plugin privileges" has the table):
+it; docs/security.md "Node plugin privileges" has the table):
   shim: the device-plugin shim runs (devicePlugin.enabled, or a host profile's
     extendedResourceName served through the device plugin: extendedResources is not "dra"),
     so the kubelet's device-plugins (rw) and pod-resources (ro) directories are mounted;
