@@ -55,7 +55,10 @@ def test_a_small_review_is_answered_quickly_while_floods_and_slow_reviews_are_in
     pki: Path,
 ) -> None:
     async def run() -> None:
-        app = build_app()
+        # The lanes as by default, but a deadline no loaded machine reaches: the three slow
+        # reviews (25 budget-filling selectors each) must be validated and allowed, not
+        # refused for time (that refusal has its own test below).
+        app = build_app(pool_limits=PoolLimits(timeout=120.0))
         serving = pki / "serving"
         async with hostile.served(app, serving / "webhook.crt", serving / "webhook.key") as s:
             tls = hostile.client_context(pki / "ca.crt")
