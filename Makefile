@@ -125,7 +125,7 @@ test-isolated: kube-binaries runtime-binaries kwok
 # (machine, date, versions), then the plots on that page from it (bench/plots.py).
 # Needs the machine to itself (bench/__init__.py, docs/benchmarks.md).
 bench: kube-binaries runtime-binaries kwok
-	BENCH_SCALE_RESULTS=docs/img/bench/scale-recorded.json $(BIN)/python -m bench --readme docs/benchmarks.md
+	BENCH_SCALE_RESULTS=docs/img/bench/scale-recorded.json $(BIN)/python -m bench --page docs/benchmarks.md
 	$(BIN)/python -m bench.plots docs/benchmarks.md --results docs/img/bench/scale-recorded.json
 
 # The documentation site: regenerate the reference pages and diagrams (devtools/docs/),

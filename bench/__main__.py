@@ -1,11 +1,12 @@
 """``python -m bench``: every benchmark at full size (``make bench``), or tiny (``--smoke``).
 
-``python -m bench [--smoke] [--only a,b] [--readme README.md] [--list]``
+``python -m bench [--smoke] [--only a,b] [--page docs/benchmarks.md] [--list]``
 
 Benchmarks that need clusters on the usual ports run first; those that reuse the usual
 local cluster run last, inside one cluster started here (or the running one), so that
-they do not each start and stop their own. With ``--readme``, the output goes into the
-README's performance section with the machine, the date and the versions.
+they do not each start and stop their own. With ``--page``, the output goes into that
+page's performance section (between the markers) with the machine, the date and the
+versions.
 """
 
 from __future__ import annotations
@@ -23,7 +24,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--smoke", action="store_true", help="each benchmark's SMOKE_ARGS")
     parser.add_argument("--only", default="", help="comma-separated benchmark names")
-    parser.add_argument("--readme", type=Path, help="write the performance section there")
+    parser.add_argument(
+        "--page", type=Path, help="write the performance section into this Markdown page"
+    )
     parser.add_argument("--list", action="store_true", help="list the benchmarks and exit")
     args = parser.parse_args(argv)
     benches = discover()
@@ -59,9 +62,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"{r.bench.module:<32} {'ok' if r.ok else f'FAILED ({r.returncode})':<12}"
             f" {r.seconds:7.0f} s"
         )
-    if args.readme is not None:
-        write_section(args.readme, section(runs))
-        print(f"wrote the performance section of {args.readme}")
+    if args.page is not None:
+        write_section(args.page, section(runs))
+        print(f"wrote the performance section of {args.page}")
     return 0 if all(r.ok for r in runs) else 1
 
 

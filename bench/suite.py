@@ -1,5 +1,6 @@
 """The benchmark suite: finds the benchmarks by their convention (bench/__init__.py), runs
-each in a process of its own, and writes their output as the README's performance section.
+each in a process of its own, and writes their output as the performance section of
+docs/benchmarks.md.
 
 Each benchmark runs as ``python -m bench.<name>`` in a fresh interpreter, so that one's
 memory figures never include another's imports or leftovers, and a crash costs one entry.
@@ -153,7 +154,8 @@ def versions() -> str:
 
 
 def section(runs: Iterable[Run], when: datetime | None = None) -> str:
-    """The README's performance section: when, where, versions, then each benchmark's output."""
+    """The performance section of docs/benchmarks.md: when, where, versions, then each
+    benchmark's output."""
     when = when or datetime.now(UTC)
     out = [
         BEGIN,
@@ -178,13 +180,13 @@ def section(runs: Iterable[Run], when: datetime | None = None) -> str:
     return "\n".join(out)
 
 
-def write_section(readme: Path, text: str) -> None:
-    """Replace what is between the markers in ``readme`` with ``text`` (markers included)."""
-    content = readme.read_text()
+def write_section(page: Path, text: str) -> None:
+    """Replace what is between the markers in ``page`` with ``text`` (markers included)."""
+    content = page.read_text()
     start, end = content.find(BEGIN), content.find(END)
     if start < 0 or end < start:
-        raise ValueError(f"{readme} has no {BEGIN!r} ... {END!r} markers")
-    readme.write_text(content[:start] + text + content[end + len(END) :])
+        raise ValueError(f"{page} has no {BEGIN!r} ... {END!r} markers")
+    page.write_text(content[:start] + text + content[end + len(END) :])
 
 
 def has_table(output: str) -> bool:

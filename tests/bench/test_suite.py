@@ -37,12 +37,12 @@ def test_smoke_run_of_a_benchmark_without_a_cluster(name: str) -> None:
 
 
 def test_the_performance_section_goes_between_the_markers(tmp_path: Path) -> None:
-    readme = tmp_path / "README.md"
-    readme.write_text(f"# x\n\nbefore\n{BEGIN}\nold figures\n{END}\nafter\n")
+    page = tmp_path / "benchmarks.md"
+    page.write_text(f"# x\n\nbefore\n{BEGIN}\nold figures\n{END}\nafter\n")
     fake = Bench("allocator", "none", ())
     runs = [Run(fake, ("--claims", "1"), 0, "a | b\n--+--\n1 | 2\n", 1.5)]
-    write_section(readme, section(runs, datetime(2026, 12, 1, 14, 0, tzinfo=UTC)))
-    text = readme.read_text()
+    write_section(page, section(runs, datetime(2026, 12, 1, 14, 0, tzinfo=UTC)))
+    text = page.read_text()
     assert "old figures" not in text
     assert text.startswith("# x\n\nbefore\n" + BEGIN) and text.endswith(END + "\nafter\n")
     assert "Measured 2026-12-01 14:00 UTC" in text and "Machine: " in text
@@ -50,8 +50,8 @@ def test_the_performance_section_goes_between_the_markers(tmp_path: Path) -> Non
     assert "`python -m bench.allocator --claims 1`" in text and "1 | 2" in text
 
 
-def test_a_readme_without_markers_is_refused(tmp_path: Path) -> None:
-    readme = tmp_path / "README.md"
-    readme.write_text("# x\n")
+def test_a_page_without_markers_is_refused(tmp_path: Path) -> None:
+    page = tmp_path / "benchmarks.md"
+    page.write_text("# x\n")
     with pytest.raises(ValueError, match="markers"):
-        write_section(readme, section([]))
+        write_section(page, section([]))
