@@ -72,17 +72,24 @@ typecheck: install
 # other release, one cluster after another (they share the fixed ports). The
 # image is built first, with its progress on the terminal, for
 # tests/cluster/test_image.py and test_helm_chart.py (a cache hit when the wheel's
-# sources are unchanged); helm for tests/chart and test_helm_chart.py. The isolated
-# tier (clusters of their own on free ports: the fault suite, the torture and scale
-# smokes) runs beside the others at a lower CPU priority, its output printed after.
+# sources are unchanged); helm for tests/chart and test_helm_chart.py. Three pytest
+# processes run at once, so the cluster tier (mostly waiting on the cluster) sets the
+# pace: the cluster tier in front; beside it at nice 5 the tiers that need no cluster
+# (unit, grpc, fuzz, chart, docs, the dev tools' and benches' logic); at nice 10 the
+# isolated tier (clusters of their own on free ports: the fault suite, the torture and
+# scale smokes). The two beside print their output after the cluster tier's.
 test: lint typecheck kube-binaries-all runtime-binaries image helm kwok
-	@iso=$$(mktemp); \
-	nice -n 10 $(BIN)/pytest tests/isolated > $$iso 2>&1 & pid=$$!; \
-	$(BIN)/pytest --durations=25 tests --ignore=tests/isolated; main=$$?; \
-	wait $$pid; isolated=$$?; \
-	echo "== tests/isolated (clusters of their own, run beside the tiers above at nice 10)"; \
-	cat $$iso; rm -f $$iso; \
-	test $$main -eq 0 && test $$isolated -eq 0
+	@logic=$$(mktemp); iso=$$(mktemp); \
+	nice -n 5 $(BIN)/pytest -m "not cluster" --durations=10 tests \
+		--ignore=tests/cluster --ignore=tests/isolated > $$logic 2>&1 & lpid=$$!; \
+	nice -n 10 $(BIN)/pytest tests/isolated > $$iso 2>&1 & ipid=$$!; \
+	$(BIN)/pytest --durations=25 tests/cluster; cluster=$$?; \
+	wait $$lpid; logic_rc=$$?; wait $$ipid; isolated=$$?; \
+	echo "== the tiers without a cluster (run beside the cluster tier at nice 5)"; \
+	cat $$logic; \
+	echo "== tests/isolated (clusters of their own, run beside the cluster tier at nice 10)"; \
+	cat $$iso; rm -f $$logic $$iso; \
+	test $$cluster -eq 0 && test $$logic_rc -eq 0 && test $$isolated -eq 0
 	$(MAKE) test-docs-cluster
 	$(MAKE) test-compat
 
