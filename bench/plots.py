@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any, TypedDict
 
 from bench.suite import BEGIN, END
+from devtools.docs.pages import between_markers
 
 VERSION = 1
 
@@ -81,10 +82,8 @@ def empty() -> Results:
 
 
 def section_text(page: str) -> str:
-    start, end = page.find(BEGIN), page.find(END)
-    if start < 0 or end < start:
-        raise ValueError("no performance section (the bench:begin ... bench:end markers)")
-    return page[start + len(BEGIN) : end]
+    start, stop = between_markers(page, BEGIN, END, "performance section")
+    return page[start:stop]
 
 
 def outputs(section: str) -> dict[str, str]:

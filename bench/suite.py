@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
+from devtools.docs.pages import between_markers
+
 KINDS = ("exclusive", "none", "own", "shared")  # also the order of a full run
 BEGIN = "<!-- bench:begin (written by `make bench`, do not edit by hand) -->"
 END = "<!-- bench:end -->"
@@ -183,10 +185,11 @@ def section(runs: Iterable[Run], when: datetime | None = None) -> str:
 def write_section(page: Path, text: str) -> None:
     """Replace what is between the markers in ``page`` with ``text`` (markers included)."""
     content = page.read_text()
-    start, end = content.find(BEGIN), content.find(END)
-    if start < 0 or end < start:
-        raise ValueError(f"{page} has no {BEGIN!r} ... {END!r} markers")
-    page.write_text(content[:start] + text + content[end + len(END) :])
+    try:
+        start, stop = between_markers(content, BEGIN, END, "performance section")
+    except ValueError as e:
+        raise ValueError(f"{page}: {e}") from None
+    page.write_text(content[: start - len(BEGIN)] + text + content[stop + len(END) :])
 
 
 def has_table(output: str) -> bool:

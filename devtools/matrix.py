@@ -23,6 +23,7 @@ from typing import Any, Literal
 
 from devtools import paths
 from devtools.cluster.binaries import SUPPORTED_VERSIONS, minor_of
+from devtools.docs.pages import between_markers
 
 Result = Literal["works", "not available", "fails"]
 RESULTS: tuple[Result, ...] = ("works", "not available", "fails")
@@ -136,10 +137,8 @@ def render(results: dict[str, dict[str, Cell]]) -> str:
 
 def with_table(page: str, table: str) -> str:
     """The page with the text between the markers replaced by ``table``."""
-    start, end = page.find(BEGIN), page.find(END)
-    if start < 0 or end < start:
-        raise ValueError(f"the page has no {BEGIN!r} ... {END!r} block")
-    return page[: start + len(BEGIN)] + "\n" + table + page[end:]
+    start, stop = between_markers(page, BEGIN, END, "version matrix")
+    return page[:start] + "\n" + table + page[stop:]
 
 
 def main(argv: list[str] | None = None) -> int:

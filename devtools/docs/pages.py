@@ -34,6 +34,16 @@ def sync(path: Path, text: str, *, write: bool) -> Outcome:
     return Outcome(path, changed)
 
 
+def between_markers(text: str, begin: str, end: str, what: str) -> tuple[int, int]:
+    """Where the text between the markers ``begin`` and ``end`` starts and stops in
+    ``text`` (a generated block of a page: the version matrix, the benchmarks' section).
+    A missing marker, or ``end`` before ``begin``, is a ValueError naming ``what``."""
+    start, stop = text.find(begin), text.find(end)
+    if start < 0 or stop < start:
+        raise ValueError(f"no {what} (the {begin!r} ... {end!r} markers)")
+    return start + len(begin), stop
+
+
 def cell(text: str) -> str:
     """``text`` made safe for one markdown table cell: one line, and ``|`` escaped outside
     code spans (Python-Markdown's tables keep a code span's ``|``, and would show a ``\\``)."""

@@ -13,7 +13,7 @@ import pytest
 from devtools import paths
 from devtools.docs import __main__ as docs_main
 from devtools.docs import cliref, configref, diagrams, helmref, metricsref
-from devtools.docs.pages import cell
+from devtools.docs.pages import between_markers, cell
 
 
 def _same(path: Path, wanted: str) -> None:
@@ -68,3 +68,12 @@ def test_check_mode_reports_a_drifted_page(tmp_path: Path, monkeypatch: pytest.M
 
 def test_table_cells_escape_pipes_outside_code_spans_only() -> None:
     assert cell("a|b `(ms|s)`\nnext") == "a\\|b `(ms|s)` next"
+
+
+def test_a_marked_block_is_found_between_its_markers_and_refused_out_of_order() -> None:
+    text = "before<!-- b -->inside<!-- e -->after"
+    start, stop = between_markers(text, "<!-- b -->", "<!-- e -->", "block")
+    assert text[start:stop] == "inside"
+    for broken in ("before<!-- b -->no end", "<!-- e -->end first<!-- b -->"):
+        with pytest.raises(ValueError, match="no block"):
+            between_markers(broken, "<!-- b -->", "<!-- e -->", "block")
