@@ -57,6 +57,7 @@ from bench.controller_allocation import (
     restart_component,
     rss_mib,
 )
+from bench.plots import VERSION
 from bench.scale_phases import (
     Publish,
     controller_phase,
@@ -236,12 +237,12 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 def write_results(path: Path, sizes: Sequence[Size]) -> None:
-    """The results file of ``--results`` (``bench.plots``' shape, version 1)."""
+    """The results file of ``--results`` (``bench.plots``' shape)."""
     measured = (
         f"bench.scale on {time.strftime('%Y-%m-%d', time.gmtime())}, "
         f"N = {', '.join(str(s.nodes) for s in sizes)}"
     )
-    body = {"version": 1, "measured": measured, "scale": results_points(sizes)}
+    body = {"version": VERSION, "measured": measured, "scale": results_points(sizes)}
     path.write_text(json.dumps(body, indent=2) + "\n")
 
 
