@@ -10,6 +10,11 @@ from devtools import paths
 DOCS = paths.REPO / "docs"
 
 
+def markdown_pages() -> list[Path]:
+    """The README and every page of the docs."""
+    return [paths.REPO / "README.md", *sorted(DOCS.rglob("*.md"))]
+
+
 def banner(source: str) -> str:
     """The comment at the top of a generated page: what made it, from what."""
     return (

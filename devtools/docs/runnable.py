@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from devtools import paths
+from devtools.docs.pages import markdown_pages
 
 MARKER = re.compile(r"^<!--\s*runnable(?::\s*(?P<options>[^>]*?))?\s*-->\s*$")
 FENCE = re.compile(r"^```(?P<lang>[\w-]*)")
@@ -80,13 +81,8 @@ def blocks(page: Path) -> list[Block]:
     return found
 
 
-def pages() -> list[Path]:
-    """The README and every page of the docs."""
-    return [paths.REPO / "README.md", *sorted((paths.REPO / "docs").rglob("*.md"))]
-
-
 def all_blocks() -> list[Block]:
-    return [b for page in pages() for b in blocks(page)]
+    return [b for page in markdown_pages() for b in blocks(page)]
 
 
 def script(page_blocks: list[Block]) -> str:

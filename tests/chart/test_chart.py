@@ -20,6 +20,7 @@ from cryptography import x509
 from devtools import manifests
 from devtools.cluster import chartvalues
 from devtools.cluster.config import Layout
+from devtools.docs.pages import markdown_pages
 from devtools.manifests import CHART, helm_template
 from dradriver import cel
 from dradriver.api.networkpool import NetworkDevicePoolSpec
@@ -446,8 +447,7 @@ def test_examples_do_not_advertise_one_name_both_ways() -> None:
                 name = doc["spec"].get("extendedResourceName")
                 if name:
                     dra_names.add(name)
-    pages = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
-    texts = [p.read_text() for p in pages]
+    texts = [p.read_text() for p in markdown_pages()]
     demo = (REPO / "devtools" / "demo" / "main.py").read_text()
     for text in (*texts, demo):
         for line in text.splitlines():
